@@ -1,0 +1,175 @@
+// `vit evaluate`: score a model on a dataset split: loss, top-1/5, per-class precision/recall, confusion matrix,
+// the most confident mistakes; optionally with some attention heads switched off (--mask-heads).
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "common.h"
+#include "data/augment.h"
+#include "data/loader.h"
+#include "train/evaluate.h"
+#include "util/fs.h"
+#include "util/log.h"
+#include "util/runtime.h"
+#include "vit/build_config.h"
+#if VIT_WITH_OPENCV
+#include "image/decode.h"
+#include "image/draw.h"
+#endif
+
+namespace vit::app {
+namespace {
+
+struct EvaluateOptions {
+  std::string checkpoint;
+  ConfigArgs config;
+  std::string split = "test";
+  bool json = false;
+  std::string out;
+  int batch_size = 256;
+  std::string device = "auto";
+  int threads = 0;
+  std::string mask_heads;  // "L:H,L:H"
+};
+
+// "1:0,1:2,3:1" -> {layer: [heads]}.
+std::map<int64_t, std::vector<int64_t>> parse_head_mask(const std::string& text) {
+  std::map<int64_t, std::vector<int64_t>> out;
+  std::stringstream list(text);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    const auto colon = item.find(':');
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("");
+      size_t used = 0;
+      const int64_t layer = std::stoll(item.substr(0, colon), &used);
+      if (used != colon) throw std::invalid_argument("");
+      const std::string head_text = item.substr(colon + 1);
+      const int64_t head = std::stoll(head_text, &used);
+      if (used != head_text.size()) throw std::invalid_argument("");
+      out[layer].push_back(head);
+    } catch (const std::exception&) {
+      throw std::invalid_argument("--mask-heads: \"" + item + "\" is not LAYER:HEAD (e.g. 3:1)");
+    }
+  }
+  return out;
+}
+
+int run_evaluate(const EvaluateOptions& options) {
+  configure_threads(options.threads);
+  const auto device = resolve_device(options.device);
+  auto model = load_model_args(options.checkpoint, options.config);
+  // The dataset comes from --config, or from the run directory the model file sits in.
+  std::optional<Config> config = load_config_args(options.config);
+  if (!config) {
+    const auto run_config = std::filesystem::path(model.path).parent_path() / "config.json";
+    if (!file_exists(run_config.string())) {
+      throw std::invalid_argument("vit evaluate needs --config FILE to know the dataset (" + run_config.string() +
+                                  " does not exist)");
+    }
+    config = load_config(run_config.string());
+  }
+  config->model = model.model;
+  config->data.preprocess = model.preprocess;  // score with the preprocessing the model was trained with
+  for (const auto& [layer, heads] : parse_head_mask(options.mask_heads)) model.net->set_head_mask(layer, heads);
+  ImageDecoder decoder;
+#if VIT_WITH_OPENCV
+  decoder = [](const std::string& path) { return decode_image(path); };
+#endif
+  const auto splits = open_datasets(config->data, config->train.seed, decoder);
+  const auto dataset = options.split == "val" ? splits.val : splits.test;
+  if (dataset->class_names().size() != model.class_names.size()) {
+    throw std::invalid_argument(model.path + ": model has " + std::to_string(model.class_names.size()) +
+                                " classes, the " + options.split + " split has " +
+                                std::to_string(dataset->class_names().size()));
+  }
+  LoaderOptions loader_options;
+  loader_options.batch_size = options.batch_size;
+  loader_options.shuffle = false;
+  loader_options.drop_last = false;
+  loader_options.num_workers = config->data.num_workers;
+  loader_options.skip_bad_images = config->data.on_bad_image == "skip";
+  loader_options.pin_memory = device.is_cuda();
+  Loader loader(dataset, make_eval_transform(config->data, config->model), loader_options);
+  model.net->to(device);
+  const auto result = evaluate(model.net, loader, model.model.num_classes, device);
+  const auto per_class = precision_recall(result.confusion);
+
+  nlohmann::json report{{"checkpoint", model.path}, {"split", options.split},  {"samples", result.count},
+                        {"loss", result.loss},      {"top1", result.top1},    {"top5", result.top5}};
+  if (!options.mask_heads.empty()) report["masked_heads"] = options.mask_heads;
+  nlohmann::json classes = nlohmann::json::array();
+  for (size_t k = 0; k < per_class.size(); ++k) {
+    classes.push_back({{"class", model.class_names[k]}, {"precision", per_class[k].first}, {"recall", per_class[k].second}});
+  }
+  report["per_class"] = classes;
+  nlohmann::json mistakes = nlohmann::json::array();
+  for (const auto& m : result.mistakes) {
+    mistakes.push_back({{"source", dataset->source(m.index)},
+                        {"label", model.class_names[m.label]},
+                        {"predicted", model.class_names[m.predicted]},
+                        {"confidence", m.confidence}});
+  }
+  report["confident_mistakes"] = mistakes;
+  if (!options.out.empty()) {
+    make_dirs(options.out);
+    std::string csv = "true\\predicted";
+    for (const auto& name : model.class_names) csv += "," + name;
+    csv += "\n";
+    auto acc = result.confusion.accessor<int64_t, 2>();
+    for (int64_t r = 0; r < result.confusion.size(0); ++r) {
+      csv += model.class_names[r];
+      for (int64_t c = 0; c < result.confusion.size(1); ++c) csv += "," + std::to_string(acc[r][c]);
+      csv += "\n";
+    }
+    write_file_atomic(options.out + "/confusion.csv", csv);
+    write_file_atomic(options.out + "/report.json", report.dump(2) + "\n");
+#if VIT_WITH_OPENCV
+    plot_confusion(options.out + "/confusion.png", result.confusion, model.class_names);
+#endif
+    log::info("wrote confusion.csv, confusion.png and report.json to " + options.out);
+  }
+  if (options.json) {
+    std::cout << report.dump(2) << "\n";
+    return kOk;
+  }
+  std::printf("%s on %s (%lld samples)\n", model.path.c_str(), options.split.c_str(), static_cast<long long>(result.count));
+  std::printf("loss %.4f   top-1 %.2f%%   top-5 %.2f%%\n\n", result.loss, result.top1, result.top5);
+  std::printf("%-24s %10s %10s\n", "class", "precision", "recall");
+  for (size_t k = 0; k < per_class.size(); ++k) {
+    std::printf("%-24s %9.2f%% %9.2f%%\n", model.class_names[k].c_str(), per_class[k].first, per_class[k].second);
+  }
+  if (!result.mistakes.empty()) {
+    std::printf("\nmost confident mistakes:\n");
+    for (const auto& m : mistakes) {
+      std::printf("  %s: %s predicted as %s (%.3f)\n", m["source"].get<std::string>().c_str(),
+                  m["label"].get<std::string>().c_str(), m["predicted"].get<std::string>().c_str(),
+                  m["confidence"].get<double>());
+    }
+  }
+  return kOk;
+}
+
+}  // namespace
+
+void setup_evaluate(CLI::App& app, int& status) {
+  auto options = std::make_shared<EvaluateOptions>();
+  auto* command = app.add_subcommand("evaluate", "Score a model on a dataset split");
+  command->add_option("--checkpoint", options->checkpoint, "model file (default: the latest run's best model)")
+      ->check(CLI::ExistingFile);
+  add_config_args(command, options->config);
+  command->add_option("--split", options->split, "val | test")->check(CLI::IsMember({"val", "test"}))->capture_default_str();
+  command->add_flag("--json", options->json, "print one JSON object");
+  command->add_option("--out", options->out, "write confusion.csv, confusion.png and report.json here");
+  command->add_option("--batch-size", options->batch_size, "images per forward pass")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  add_device_args(command, options->device, options->threads);
+  command->add_option("--mask-heads", options->mask_heads, "switch off heads, e.g. 3:1,5:0 (LAYER:HEAD)");
+  command->callback([options, &status] { status = run_evaluate(*options); });
+}
+
+}  // namespace vit::app

@@ -1,0 +1,83 @@
+// `vit info`: the resolved config, parameter count, forward GMACs per image and a per-layer table.
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "common.h"
+#include "model/flops.h"
+
+namespace vit::app {
+namespace {
+
+struct InfoOptions {
+  std::string checkpoint;
+  ConfigArgs config;
+  bool json = false;
+};
+
+int run_info(const InfoOptions& options) {
+  ModelConfig model;
+  Preprocess preprocess;
+  std::vector<std::string> classes;
+  int64_t params = 0;
+  std::string source;
+  if (!options.checkpoint.empty()) {
+    auto loaded = load_model_args(options.checkpoint, options.config);
+    model = loaded.model, preprocess = loaded.preprocess, classes = loaded.class_names;
+    params = count_parameters(*loaded.net);
+    source = loaded.path;
+  } else {
+    const auto config = load_config_args(options.config);
+    if (!config) throw std::invalid_argument("vit info needs --checkpoint FILE or --config FILE");
+    model = config->model, preprocess = config->data.preprocess;
+    torch::NoGradGuard no_grad;
+    VisionTransformer net(model);  // built only to count parameters exactly
+    params = count_parameters(*net);
+    source = options.config.config;
+  }
+  const auto costs = layer_costs(model);
+  const double gmacs = static_cast<double>(forward_macs(model)) / 1e9;
+  if (options.json) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (const auto& c : costs) layers.push_back({{"name", c.name}, {"output", c.output}, {"params", c.params}, {"macs", c.macs}});
+    nlohmann::json out{{"source", source},           {"model", to_json(model)},  {"preprocess", to_json(preprocess)},
+                       {"parameters", params},       {"gmacs", gmacs},           {"layers", layers}};
+    if (!classes.empty()) out["class_names"] = classes;
+    std::cout << out.dump(2) << "\n";
+    return kOk;
+  }
+  std::cout << "source      " << source << "\n"
+            << "model       " << to_json(model).dump() << "\n"
+            << "preprocess  " << to_json(preprocess).dump() << "\n";
+  if (!classes.empty()) {
+    std::cout << "classes     " << classes.size() << ":";
+    for (size_t i = 0; i < classes.size() && i < 10; ++i) std::cout << " " << classes[i];
+    if (classes.size() > 10) std::cout << " ...";
+    std::cout << "\n";
+  }
+  std::printf("parameters  %lld\nforward     %.3f GMACs per image (%lldx%lld input, %lld tokens)\n\n",
+              static_cast<long long>(params), gmacs, static_cast<long long>(model.img_h),
+              static_cast<long long>(model.img_w),
+              static_cast<long long>(model.grid_h() * model.grid_w() + (model.class_token ? 1 : 0)));
+  std::printf("%-26s %-12s %12s %14s\n", "layer", "output", "params", "MMACs");
+  for (const auto& c : costs) {
+    std::printf("%-26s %-12s %12lld %14.3f\n", c.name.c_str(), c.output.c_str(), static_cast<long long>(c.params),
+                static_cast<double>(c.macs) / 1e6);
+  }
+  return kOk;
+}
+
+}  // namespace
+
+void setup_info(CLI::App& app, int& status) {
+  auto options = std::make_shared<InfoOptions>();
+  auto* command = app.add_subcommand("info", "Show a model's config, parameter count, GMACs and layers");
+  command->add_option("--checkpoint", options->checkpoint, "model file (.safetensors)")->check(CLI::ExistingFile);
+  add_config_args(command, options->config);
+  command->add_flag("--json", options->json, "print one JSON object");
+  command->callback([options, &status] { status = run_info(*options); });
+}
+
+}  // namespace vit::app

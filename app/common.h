@@ -1,0 +1,30 @@
+// Wiring shared by the subcommands: config/--set options, model lookup, device and thread options.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "config/config.h"
+#include "io/model_file.h"
+
+namespace vit::app {
+
+struct ConfigArgs {
+  std::string config;                  // --config FILE
+  std::vector<std::string> overrides;  // --set key=value (repeatable)
+};
+void add_config_args(CLI::App* command, ConfigArgs& args);
+// The config from --config (+ --set), or nullopt when no --config was given (--set alone is an error).
+std::optional<Config> load_config_args(const ConfigArgs& args);
+
+// --checkpoint given: that file. Otherwise the newest run's best model (runs/latest/best.safetensors), logged.
+std::string resolve_checkpoint(const std::string& checkpoint, const std::string& runs_root = "runs");
+// Loads the model named by --checkpoint (or the latest run's), with --config for plain timm files.
+LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args);
+
+void add_device_args(CLI::App* command, std::string& device, int& threads);
+
+}  // namespace vit::app

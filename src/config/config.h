@@ -1,0 +1,143 @@
+// Typed configuration for `vit`: the JSON sections `model`, `data`, `train`, parsed once at the boundary.
+// Every default is documented beside its field; unknown keys, wrong types and bad values fail with the JSON path.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace vit {
+
+// Architecture of a Vision Transformer; field names equal timm's constructor arguments.
+struct ModelConfig {
+  std::string preset;            // optional preset name that filled the defaults ("" = none)
+  int64_t img_h = 224;           // input height the position embedding was trained for
+  int64_t img_w = 224;           // input width
+  int64_t patch_size = 16;       // square patch side (kernel = stride of the patch embedding)
+  int64_t in_chans = 3;          // input channels (1 = grayscale, 3 = RGB, more allowed)
+  int64_t num_classes = 1000;    // classifier outputs (0 = no head, features only)
+  int64_t embed_dim = 768;       // C: token width
+  int64_t depth = 12;            // number of transformer blocks
+  int64_t num_heads = 12;        // nh: attention heads; must divide embed_dim
+  double mlp_ratio = 4.0;        // MLP hidden width = embed_dim * mlp_ratio
+  bool qkv_bias = true;          // bias on the fused qkv projection
+  bool class_token = true;       // prepend a learned class token
+  std::string global_pool = "token";  // "token" (class token) or "avg" (mean of patch tokens, with fc_norm)
+  double drop_rate = 0.0;        // dropout before the head
+  double attn_drop_rate = 0.0;   // dropout on attention probabilities
+  double proj_drop_rate = 0.0;   // dropout after attention/MLP projections
+  double drop_path_rate = 0.0;   // stochastic depth, linear from 0 to this over the blocks
+  std::optional<double> init_values;  // LayerScale initial value (absent = no LayerScale)
+  double layer_norm_eps = 1e-6;  // LayerNorm epsilon (timm's ViT uses 1e-6)
+  bool rel_pos_bias = false;     // learned 2-D relative position bias per head (added to attention logits)
+
+  int64_t grid_h() const { return img_h / patch_size; }
+  int64_t grid_w() const { return img_w / patch_size; }
+  int64_t head_dim() const { return embed_dim / num_heads; }
+};
+
+// The one preprocessing shared by train (evaluation part), evaluate, predict and export-attention.
+struct Preprocess {
+  std::vector<double> mean = {0.5, 0.5, 0.5};  // per channel, on [0, 1] pixels
+  std::vector<double> std = {0.5, 0.5, 0.5};   // per channel
+  std::string interpolation = "bicubic";       // "bilinear" or "bicubic"
+  double crop_pct = 1.0;  // eval: resize shorter side to size/crop_pct, centre crop; 1.0 = plain resize
+};
+
+// Training-time augmentation; everything off by default.
+struct AugmentConfig {
+  bool random_resized_crop = false;            // RandomResizedCrop to the model size
+  std::array<double, 2> scale = {0.08, 1.0};   // area fraction range of the crop
+  std::array<double, 2> ratio = {0.75, 4.0 / 3.0};  // aspect ratio range of the crop
+  int64_t pad_crop = 0;        // pad by this many pixels and random-crop back (small-image alternative)
+  double hflip = 0.0;          // probability of a horizontal flip
+  int64_t randaugment_ops = 0;      // RandAugment: ops per image (0 = off)
+  double randaugment_magnitude = 9; // RandAugment magnitude, 0..30
+  double random_erasing = 0.0;  // probability of erasing one random rectangle
+  double mixup_alpha = 0.0;     // Beta(alpha, alpha) for mixup (0 = off)
+  double cutmix_alpha = 0.0;    // Beta(alpha, alpha) for cutmix (0 = off)
+  double mix_prob = 1.0;        // probability a batch is mixed at all (when mixup or cutmix is on)
+  double switch_prob = 0.5;     // with both on: probability of cutmix instead of mixup
+};
+
+struct DataConfig {
+  Preprocess preprocess;        // keys mean/std/interpolation/crop_pct live directly under "data"
+  std::string format = "fashion_mnist";  // folder | csv | mnist | fashion_mnist | cifar10 | cifar100
+  std::string root;             // dataset root (default for mnist-like: Debian's install location)
+  std::string train_dir;        // folder: training root (default root/train, or root with val_fraction)
+  std::string val_dir;          // folder: validation root (default root/val)
+  std::string test_dir;         // folder: test root (default = val)
+  std::string train_csv;        // csv: path,label list for training
+  std::string val_csv;          // csv: list for validation
+  std::string test_csv;         // csv: list for test (default = val)
+  double val_fraction = 0.0;    // > 0: split the training set deterministically by seed
+  int64_t train_subset = 0;     // > 0: use only the first N training samples (after shuffling by seed)
+  int64_t val_subset = 0;       // > 0: evaluate on only the first N validation samples
+  int64_t num_workers = 2;      // background decode/augment threads
+  int64_t prefetch_batches = 4; // bounded queue length
+  std::string on_bad_image = "fail";  // "fail" or "skip"
+  AugmentConfig augment;
+};
+
+struct TrainConfig {
+  int64_t epochs = 10;          // passes over the training set
+  int64_t batch_size = 128;     // per-rank micro-batch
+  int64_t accum_steps = 1;      // micro-batches per optimiser step
+  double lr = 1e-3;             // peak learning rate
+  double min_lr = 1e-5;         // cosine floor
+  double warmup_lr = 1e-6;      // learning rate at step 0 of warmup
+  int64_t warmup_steps = 0;     // warmup length in optimiser steps (wins over warmup_epochs when > 0)
+  double warmup_epochs = 0.0;   // warmup length in epochs
+  double weight_decay = 0.05;   // AdamW decoupled decay (not applied to 1-D params, pos_embed, cls_token)
+  double beta1 = 0.9;           // AdamW beta1
+  double beta2 = 0.999;         // AdamW beta2
+  double eps = 1e-8;            // AdamW epsilon
+  double clip_grad = 1.0;       // max global gradient norm (0 = no clipping)
+  double label_smoothing = 0.1; // cross-entropy smoothing
+  double ema_decay = 0.0;       // EMA of weights (0 = off), e.g. 0.9998
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string amp = "off";      // off | bf16 | fp16 (CUDA only)
+  int64_t threads = 0;          // intra-op threads (0 = all cores)
+  uint64_t seed = 42;           // seeds init, data order, augmentation, dropout
+  int64_t log_interval = 50;    // optimiser steps between metrics.jsonl lines
+  int64_t checkpoint_interval = 200;  // optimiser steps between resume states (0 = only per epoch)
+  int64_t eval_interval = 1;    // epochs between evaluations
+  int64_t max_steps = 0;        // > 0: stop after this many optimiser steps (tests, smoke runs)
+  std::string dist_backend = "auto";  // auto | gloo | nccl (multi-process training)
+  double dist_timeout_s = 180;  // seconds before a missing rank is an error
+  std::string output_root = "runs";  // where run directories are created
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+};
+
+// Names of the presets (vit_tiny_patch16_224, ...).
+std::vector<std::string> preset_names();
+// The preset's model config; throws naming the unknown preset and the known ones.
+ModelConfig model_preset(const std::string& name);
+
+// Parses a whole config document. `source` names the file (or "--set") in error messages.
+Config parse_config(const nlohmann::json& doc, const std::string& source);
+// Reads a JSON file, applies `--set key=value` overrides in order, then parses.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Applies one `a.b.c=value` override; the value is JSON when it parses as JSON, else a string.
+void apply_override(nlohmann::json& doc, const std::string& assignment);
+
+// Parsers/serialisers for single sections (model files carry model + preprocess).
+ModelConfig parse_model_config(const nlohmann::json& section, const std::string& source);
+Preprocess parse_preprocess(const nlohmann::json& section, const std::string& source);
+nlohmann::json to_json(const ModelConfig& model);
+nlohmann::json to_json(const Preprocess& preprocess);
+nlohmann::json to_json(const Config& config);
+
+// Throws std::invalid_argument with the reason when the model config is inconsistent.
+void validate(const ModelConfig& model, const std::string& source);
+
+}  // namespace vit

@@ -1,0 +1,34 @@
+// Pictures the tool writes: training curves, confusion matrices, colormapped heatmaps and overlays (OpenCV).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <opencv2/core.hpp>
+#include <torch/types.h>
+
+#include "data/image.h"
+#include "train/trainer.h"
+
+namespace vit {
+
+// curves.png: training/eval loss and eval top-1/top-5 per epoch, two panels with axes and a legend.
+void plot_curves(const std::string& path, const std::vector<EpochRecord>& history);
+
+// confusion.png: row-normalised confusion matrix (rows = true class) with class names and counts.
+void plot_confusion(const std::string& path, const torch::Tensor& confusion, const std::vector<std::string>& names);
+
+// Colormaps for heatmaps: "jet", "viridis", "inferno", "turbo" (others throw naming the allowed set).
+void check_colormap(const std::string& name);
+// A [0, 1] float heatmap (H, W) to an 8-bit BGR image through the colormap.
+cv::Mat colorize(const cv::Mat& heat01, const std::string& colormap);
+// Blends a colorized heatmap, resized (bicubic) to the image's size, over the image: alpha * heat + (1-alpha) * image.
+cv::Mat overlay_heatmap(const cv::Mat& image_bgr, const cv::Mat& heat01, const std::string& colormap, double alpha);
+
+// RawImage (RGB/gray/RGBA) <-> OpenCV BGR images.
+cv::Mat to_bgr(const RawImage& image);
+
+// Writes an image with cv::imwrite through a temporary file; throws naming the path on failure.
+void write_image(const std::string& path, const cv::Mat& image);
+
+}  // namespace vit

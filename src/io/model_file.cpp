@@ -1,0 +1,169 @@
+// Model files: save and load complete, self-describing models in safetensors (timm-compatible tensor names).
+#include "io/model_file.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+
+namespace vit {
+using nlohmann::json;
+
+std::vector<std::string> numbered_classes(int64_t count) {
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < count; ++i) names.push_back(std::to_string(i));
+  return names;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> state_tensors(VisionTransformer& net) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : net->named_parameters(/*recurse=*/true)) {
+    out.emplace_back(item.key(), item.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
+  }
+  for (const auto& item : net->named_buffers(/*recurse=*/true)) {
+    out.emplace_back(item.key(), item.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
+  }
+  return out;
+}
+
+void save_model(const std::string& path, VisionTransformer& net, const Preprocess& preprocess,
+                const std::vector<std::string>& class_names, const std::map<std::string, std::string>& extra) {
+  std::map<std::string, std::string> metadata = extra;
+  metadata["format"] = kModelFormat;
+  metadata["format_version"] = std::to_string(kModelFormatVersion);
+  metadata["model"] = to_json(net->config()).dump();
+  metadata["preprocess"] = to_json(preprocess).dump();
+  metadata["class_names"] = json(class_names).dump();
+  safetensors::write(path, state_tensors(net), metadata);
+}
+
+void load_state(VisionTransformer& net, const std::map<std::string, torch::Tensor>& tensors, const std::string& path) {
+  std::vector<std::string> missing, mismatched, unexpected;
+  std::map<std::string, torch::Tensor> targets;
+  for (const auto& item : net->named_parameters(true)) targets[item.key()] = item.value();
+  for (const auto& item : net->named_buffers(true)) targets[item.key()] = item.value();
+  for (const auto& [name, target] : targets) {
+    auto it = tensors.find(name);
+    if (it == tensors.end()) {
+      missing.push_back(name);
+    } else if (it->second.sizes() != target.sizes()) {
+      std::ostringstream s;
+      s << name << " (file " << it->second.sizes() << ", model " << target.sizes() << ")";
+      mismatched.push_back(s.str());
+    }
+  }
+  for (const auto& [name, tensor] : tensors) {
+    if (!targets.count(name)) unexpected.push_back(name);
+  }
+  if (!missing.empty() || !mismatched.empty() || !unexpected.empty()) {
+    auto list = [](const std::vector<std::string>& names) {
+      std::string s;
+      const size_t shown = std::min<size_t>(names.size(), 8);
+      for (size_t i = 0; i < shown; ++i) s += (i ? ", " : "") + names[i];
+      if (names.size() > shown) s += ", ... (" + std::to_string(names.size()) + " in all)";
+      return s;
+    };
+    std::string message = path + ": tensors do not match the model";
+    if (!missing.empty()) message += "; missing: " + list(missing);
+    if (!unexpected.empty()) message += "; unexpected: " + list(unexpected);
+    if (!mismatched.empty()) message += "; wrong shape: " + list(mismatched);
+    throw std::runtime_error(message);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [name, target] : targets) target.copy_(tensors.at(name));
+}
+
+namespace {
+
+std::map<std::string, torch::Tensor> all_tensors(const safetensors::Archive& archive) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& info : archive.tensors) out[info.name] = archive.tensor(info, /*as_float32=*/true);
+  return out;
+}
+
+const std::string& metadata_value(const safetensors::Archive& archive, const std::string& key) {
+  auto it = archive.metadata.find(key);
+  if (it == archive.metadata.end()) throw std::runtime_error(archive.path + ": metadata has no \"" + key + "\"");
+  return it->second;
+}
+
+json metadata_json(const safetensors::Archive& archive, const std::string& key) {
+  json value = json::parse(metadata_value(archive, key), nullptr, false);
+  if (value.is_discarded()) throw std::runtime_error(archive.path + ": metadata \"" + key + "\" is not valid JSON");
+  return value;
+}
+
+}  // namespace
+
+LoadedModel load_model(const std::string& path, const std::optional<Config>& fallback) {
+  const auto archive = safetensors::read(path);
+  LoadedModel out;
+  out.path = path;
+  auto format = archive.metadata.find("format");
+  if (format != archive.metadata.end() && format->second == kModelFormat) {
+    const auto& version = metadata_value(archive, "format_version");
+    if (version != std::to_string(kModelFormatVersion)) {
+      throw std::runtime_error(path + ": model format version " + version + ", this vit reads version " +
+                               std::to_string(kModelFormatVersion) + " (re-export it with a matching vit)");
+    }
+    out.has_metadata = true;
+    out.model = parse_model_config(metadata_json(archive, "model"), path + " (metadata)");
+    out.preprocess = parse_preprocess(metadata_json(archive, "preprocess"), path + " (metadata)");
+    const json names = metadata_json(archive, "class_names");
+    if (!names.is_array()) throw std::runtime_error(path + ": metadata class_names is not an array");
+    for (const auto& n : names) out.class_names.push_back(n.is_string() ? n.get<std::string>() : n.dump());
+  } else if (fallback) {
+    out.model = fallback->model;
+    out.preprocess = fallback->data.preprocess;
+  } else {
+    throw std::runtime_error(path +
+                             ": no vit metadata (a plain timm file?): pass --config with the model and preprocessing");
+  }
+  if (static_cast<int64_t>(out.class_names.size()) != out.model.num_classes) {
+    out.class_names = numbered_classes(out.model.num_classes);
+  }
+  out.net = VisionTransformer(out.model);
+  load_state(out.net, all_tensors(archive), path);
+  out.net->eval();
+  return out;
+}
+
+std::vector<std::string> load_for_finetune(const std::string& path, VisionTransformer& net) {
+  const auto archive = safetensors::read(path);
+  auto tensors = all_tensors(archive);
+  std::vector<std::string> adapted;
+  const auto& config = net->config();
+  // A different class count: keep the freshly initialised head.
+  auto head_weight = tensors.find("head.weight");
+  if (net->head && (head_weight == tensors.end() || head_weight->second.sizes() != net->head->weight.sizes())) {
+    tensors["head.weight"] = net->head->weight.detach().clone();
+    tensors["head.bias"] = net->head->bias.detach().clone();
+    adapted.push_back("head re-initialised for " + std::to_string(config.num_classes) + " classes");
+  }
+  // A different grid: resample the position embedding (its prefix tokens kept).
+  auto pos = tensors.find("pos_embed");
+  if (pos != tensors.end() && pos->second.sizes() != net->pos_embed.sizes()) {
+    const int64_t prefix = net->num_prefix_tokens();
+    const int64_t old_patches = pos->second.size(1) - prefix;
+    int64_t old_h = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(old_patches))));
+    int64_t old_w = old_h;
+    auto format = archive.metadata.find("format");
+    if (format != archive.metadata.end() && format->second == kModelFormat) {
+      const auto trained = parse_model_config(metadata_json(archive, "model"), path + " (metadata)");
+      old_h = trained.grid_h(), old_w = trained.grid_w();
+    }
+    if (old_h * old_w != old_patches) {
+      throw std::runtime_error(path + ": pos_embed with " + std::to_string(old_patches) +
+                               " patches is not a square grid; cannot infer its size");
+    }
+    pos->second = resample_pos_embed(pos->second, old_h, old_w, config.grid_h(), config.grid_w(), prefix);
+    adapted.push_back("pos_embed resampled from " + std::to_string(old_h) + "x" + std::to_string(old_w) +
+                      " to " + std::to_string(config.grid_h()) + "x" + std::to_string(config.grid_w()));
+  }
+  load_state(net, tensors, path);
+  return adapted;
+}
+
+}  // namespace vit

@@ -1,0 +1,49 @@
+// Model files: one .safetensors file is a complete model: tensors under timm's names plus `__metadata__` with the
+// format version, the resolved model config, the preprocessing and the class names.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "model/vit.h"
+
+namespace vit {
+
+inline constexpr const char* kModelFormat = "vit-model";
+inline constexpr int kModelFormatVersion = 1;
+
+struct LoadedModel {
+  VisionTransformer net{nullptr};
+  ModelConfig model;
+  Preprocess preprocess;
+  std::vector<std::string> class_names;  // size num_classes
+  std::string path;
+  bool has_metadata = false;  // false for a plain timm file (config came from --config)
+};
+
+// Writes the model's state dict (float32, timm names) and our metadata atomically.
+void save_model(const std::string& path, VisionTransformer& net, const Preprocess& preprocess,
+                const std::vector<std::string>& class_names, const std::map<std::string, std::string>& extra = {});
+
+// Rebuilds a model from a file alone; a plain timm file needs `fallback` (from --config) for the architecture
+// and preprocessing. Missing/unexpected tensors and wrong shapes are listed by name in the error.
+LoadedModel load_model(const std::string& path, const std::optional<Config>& fallback = std::nullopt);
+
+// Copies the tensors of `path` into `net` for fine-tuning: the head is left as initialised when its class count
+// differs, the position embedding is resampled when the grid differs. Returns what was adapted (for the log).
+std::vector<std::string> load_for_finetune(const std::string& path, VisionTransformer& net);
+
+// Copies named tensors into the model's parameters and buffers; throws listing every missing, unexpected and
+// mis-shaped tensor.
+void load_state(VisionTransformer& net, const std::map<std::string, torch::Tensor>& tensors, const std::string& path);
+
+// The model's tensors under timm's names, in registration order, as contiguous float32 CPU tensors.
+std::vector<std::pair<std::string, torch::Tensor>> state_tensors(VisionTransformer& net);
+
+// Default class names "0".."K-1".
+std::vector<std::string> numbered_classes(int64_t count);
+
+}  // namespace vit

@@ -1,0 +1,333 @@
+// Safetensors reader/writer: every header field is checked against the file before any tensor is touched, and
+// tensors are copied out of the file buffer, so they never alias memory that dies with the Archive.
+#include "io/safetensors.h"
+
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
+
+#include "util/fs.h"
+
+// The on-disk integers and tensor data are little-endian and are copied byte for byte.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
+
+namespace vit::safetensors {
+namespace {
+
+using Json = nlohmann::ordered_json;  // ordered: tensors keep the order the file lists them in
+
+// The reference implementation's limit; a larger "header" means the file is something else or hostile.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kSupported = "F32, F16, BF16, F64, I64, I32, U8, BOOL";
+constexpr DType kAllDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::F64,
+                                DType::I64, DType::I32, DType::U8,   DType::BOOL};
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw std::runtime_error(path + ": " + what);
+}
+
+// Names and parser messages come from the file: control bytes are escaped so every error stays one line.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c < 0x20 || c == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string quoted(const std::string& name) { return "'" + printable(name) + "'"; }
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+bool parse_dtype(const std::string& name, DType& dtype) {
+  for (DType candidate : kAllDTypes) {
+    if (name == dtype_name(candidate)) {
+      dtype = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool from_scalar_type(torch::ScalarType type, DType& dtype) {
+  for (DType candidate : kAllDTypes) {
+    if (to_scalar_type(candidate) == type) {
+      dtype = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Element count times item size, or false on overflow (a hostile shape such as [2^40, 2^40]).
+bool byte_count(const std::vector<int64_t>& shape, DType dtype, uint64_t& bytes) {
+  uint64_t count = 1;
+  for (int64_t dim : shape) {
+    if (__builtin_mul_overflow(count, static_cast<uint64_t>(dim), &count)) return false;
+  }
+  return !__builtin_mul_overflow(count, static_cast<uint64_t>(itemsize(dtype)), &bytes);
+}
+
+// A JSON integer as a non-negative value; `what` names the field in the error.
+uint64_t non_negative(const Json& value, const std::string& path, const std::string& what) {
+  if (value.is_number_unsigned()) return value.get<uint64_t>();
+  if (value.is_number_integer()) fail(path, what + " is negative (" + std::to_string(value.get<int64_t>()) + ")");
+  fail(path, what + " is a JSON " + value.type_name() + ", expected an integer");
+}
+
+const Json& field(const Json& entry, const char* key, const std::string& path, const std::string& name) {
+  auto it = entry.find(key);
+  if (it == entry.end()) fail(path, "tensor " + quoted(name) + ": missing \"" + key + "\"");
+  return *it;
+}
+
+TensorInfo parse_entry(const std::string& name, const Json& entry, uint64_t data_size, const std::string& path) {
+  const std::string tensor = "tensor " + quoted(name);
+  if (!entry.is_object()) fail(path, tensor + ": entry is a JSON " + entry.type_name() + ", expected an object");
+  TensorInfo info;
+  info.name = name;
+
+  const Json& dtype = field(entry, "dtype", path, name);
+  if (!dtype.is_string()) fail(path, tensor + ": \"dtype\" is a JSON " + dtype.type_name() + ", expected a string");
+  if (!parse_dtype(dtype.get<std::string>(), info.dtype)) {
+    fail(path, tensor + ": unsupported dtype " + quoted(dtype.get<std::string>()) + " (supported: " + kSupported + ")");
+  }
+
+  const Json& shape = field(entry, "shape", path, name);
+  if (!shape.is_array()) fail(path, tensor + ": \"shape\" is a JSON " + shape.type_name() + ", expected an array");
+  for (const Json& dim : shape) {
+    const uint64_t value = non_negative(dim, path, tensor + ": shape dimension");
+    if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      fail(path, tensor + ": shape dimension " + std::to_string(value) + " is too large");
+    }
+    info.shape.push_back(static_cast<int64_t>(value));
+  }
+
+  const Json& offsets = field(entry, "data_offsets", path, name);
+  if (!offsets.is_array() || offsets.size() != 2) {
+    fail(path, tensor + ": \"data_offsets\" must be an array [begin, end], found " + printable(offsets.dump()));
+  }
+  info.begin = non_negative(offsets[0], path, tensor + ": data_offsets begin");
+  info.end = non_negative(offsets[1], path, tensor + ": data_offsets end");
+  const std::string range = "[" + std::to_string(info.begin) + ", " + std::to_string(info.end) + "]";
+  if (info.begin > info.end) fail(path, tensor + ": data_offsets " + range + " have begin > end");
+  if (info.end > data_size) {
+    fail(path, tensor + ": data_offsets end " + std::to_string(info.end) + " is beyond the data section size " +
+                   std::to_string(data_size) + " (truncated file?)");
+  }
+
+  uint64_t expected = 0;
+  if (!byte_count(info.shape, info.dtype, expected)) {
+    fail(path, tensor + ": shape " + shape_string(info.shape) + " is too large");
+  }
+  if (expected != info.end - info.begin) {
+    fail(path, tensor + ": shape " + shape_string(info.shape) + " of " + dtype_name(info.dtype) + " needs " +
+                   std::to_string(expected) + " bytes but data_offsets " + range + " hold " +
+                   std::to_string(info.end - info.begin));
+  }
+  return info;
+}
+
+std::map<std::string, std::string> parse_metadata(const Json& metadata, const std::string& path) {
+  if (!metadata.is_object()) {
+    fail(path, std::string("\"__metadata__\" is a JSON ") + metadata.type_name() + ", expected an object");
+  }
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : metadata.items()) {
+    if (!value.is_string()) {
+      fail(path,
+           "\"__metadata__\" value for " + quoted(key) + " is a JSON " + value.type_name() + ", expected a string");
+    }
+    out[key] = value.get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::F64: return "F64";
+    case DType::I64: return "I64";
+    case DType::I32: return "I32";
+    case DType::U8: return "U8";
+    case DType::BOOL: return "BOOL";
+  }
+  return "?";
+}
+
+size_t itemsize(DType dtype) {
+  switch (dtype) {
+    case DType::F64:
+    case DType::I64: return 8;
+    case DType::F32:
+    case DType::I32: return 4;
+    case DType::F16:
+    case DType::BF16: return 2;
+    case DType::U8:
+    case DType::BOOL: return 1;
+  }
+  return 1;
+}
+
+torch::ScalarType to_scalar_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return torch::kFloat32;
+    case DType::F16: return torch::kFloat16;
+    case DType::BF16: return torch::kBFloat16;
+    case DType::F64: return torch::kFloat64;
+    case DType::I64: return torch::kInt64;
+    case DType::I32: return torch::kInt32;
+    case DType::U8: return torch::kUInt8;
+    case DType::BOOL: return torch::kBool;
+  }
+  return torch::kFloat32;
+}
+
+const TensorInfo* Archive::find(const std::string& name) const {
+  for (const TensorInfo& info : tensors) {
+    if (info.name == name) return &info;
+  }
+  return nullptr;
+}
+
+torch::Tensor Archive::tensor(const TensorInfo& info, bool as_float32) const {
+  // Re-checked because a TensorInfo may have been built by hand or taken from another Archive.
+  uint64_t nbytes = 0;
+  if (!byte_count(info.shape, info.dtype, nbytes) || info.begin > info.end || nbytes != info.end - info.begin ||
+      data_start + info.end > bytes.size()) {
+    fail(path, "tensor " + quoted(info.name) + ": shape " + shape_string(info.shape) + " and data_offsets [" +
+                   std::to_string(info.begin) + ", " + std::to_string(info.end) +
+                   "] do not fit this file's data section");
+  }
+  // Bool is read as bytes and compared with zero: any byte other than 0/1 in a torch bool is undefined behaviour.
+  const torch::ScalarType storage = info.dtype == DType::BOOL ? torch::kUInt8 : to_scalar_type(info.dtype);
+  torch::Tensor out = torch::empty(info.shape, torch::TensorOptions().dtype(storage));
+  if (nbytes > 0) std::memcpy(out.data_ptr(), bytes.data() + data_start + info.begin, nbytes);
+  if (info.dtype == DType::BOOL) return out.ne(0);
+  const bool floating = info.dtype == DType::F16 || info.dtype == DType::BF16 || info.dtype == DType::F64;
+  if (as_float32 && floating) return out.to(torch::kFloat32);
+  return out;
+}
+
+torch::Tensor Archive::tensor(const std::string& name, bool as_float32) const {
+  const TensorInfo* info = find(name);
+  if (!info) fail(path, "no tensor named " + quoted(name));
+  return tensor(*info, as_float32);
+}
+
+Archive parse(std::string bytes, const std::string& path_for_errors) {
+  const std::string& path = path_for_errors;
+  const uint64_t size = bytes.size();
+  if (size < 8) {
+    fail(path, "file is " + std::to_string(size) + " bytes, too short for the 8-byte header length (not safetensors?)");
+  }
+  uint64_t header_length = 0;
+  std::memcpy(&header_length, bytes.data(), sizeof header_length);
+  if (header_length > kMaxHeaderBytes) {
+    fail(path, "header length " + std::to_string(header_length) + " exceeds the limit of " +
+                   std::to_string(kMaxHeaderBytes) + " bytes (not safetensors?)");
+  }
+  if (header_length > size - 8) {
+    fail(path, "header length " + std::to_string(header_length) + " exceeds file size " + std::to_string(size) +
+                   " (truncated file?)");
+  }
+
+  Json header;
+  try {
+    header = Json::parse(bytes.data() + 8, bytes.data() + 8 + header_length);
+  } catch (const Json::parse_error& error) {
+    fail(path, std::string("header is not valid JSON: ") + printable(error.what()));
+  }
+  if (!header.is_object()) fail(path, std::string("header is a JSON ") + header.type_name() + ", expected an object");
+
+  Archive archive;
+  archive.path = path;
+  archive.data_start = 8 + header_length;
+  const uint64_t data_size = size - archive.data_start;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      archive.metadata = parse_metadata(entry, path);
+    } else {
+      archive.tensors.push_back(parse_entry(name, entry, data_size, path));
+    }
+  }
+  archive.bytes = std::move(bytes);
+  return archive;
+}
+
+Archive read(const std::string& path) { return parse(read_file(path), path); }
+
+std::string serialize(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  Json header = Json::object();
+  // Python's safetensors writes metadata first; following it keeps our files diffable against theirs.
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+
+  std::vector<torch::Tensor> contiguous;
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name == "__metadata__") throw std::invalid_argument("tensor name '__metadata__' is reserved by safetensors");
+    if (!names.insert(name).second) throw std::invalid_argument("duplicate tensor name " + quoted(name));
+    if (!tensor.defined()) throw std::invalid_argument("tensor " + quoted(name) + " is undefined");
+    DType dtype;
+    if (!from_scalar_type(tensor.scalar_type(), dtype)) {
+      throw std::invalid_argument("tensor " + quoted(name) + " has dtype " + c10::toString(tensor.scalar_type()) +
+                                  ", which safetensors writing does not support (supported: " + kSupported + ")");
+    }
+    torch::Tensor cpu = tensor.detach().to(torch::kCPU).contiguous();
+    const uint64_t nbytes = static_cast<uint64_t>(cpu.numel()) * itemsize(dtype);
+    header[name] = {
+        {"dtype", dtype_name(dtype)}, {"shape", cpu.sizes().vec()}, {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+    contiguous.push_back(std::move(cpu));
+  }
+
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const Json::exception& error) {
+    throw std::invalid_argument(std::string("tensor names and metadata must be valid UTF-8: ") + error.what());
+  }
+  // Padding to a multiple of 8 puts the data section on an 8-byte boundary, so readers may map it in place.
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+
+  std::string out;
+  out.reserve(8 + header_text.size() + offset);
+  const uint64_t header_length = header_text.size();
+  out.append(reinterpret_cast<const char*>(&header_length), sizeof header_length);
+  out += header_text;
+  for (const torch::Tensor& tensor : contiguous) {
+    if (tensor.numel() == 0) continue;  // an empty tensor may have no storage at all
+    out.append(static_cast<const char*>(tensor.data_ptr()), tensor.numel() * tensor.element_size());
+  }
+  return out;
+}
+
+void write(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  std::string bytes;
+  try {
+    bytes = serialize(tensors, metadata);
+  } catch (const std::invalid_argument& error) {
+    throw std::invalid_argument(path + ": " + error.what());
+  }
+  write_file_atomic(path, bytes);
+}
+
+}  // namespace vit::safetensors

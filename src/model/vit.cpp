@@ -1,0 +1,346 @@
+// The Vision Transformer's modules, smallest first: patch embedding, attention, MLP, block, the whole model.
+#include "model/vit.h"
+
+#include <torch/version.h>
+
+#include <sstream>
+#include <stdexcept>
+
+namespace vit {
+namespace F = torch::nn::functional;
+
+namespace {
+
+// timm's trunc_normal_(std=0.02) truncates at absolute +-2, which a 0.02 normal never reaches in practice.
+void trunc_normal_(torch::Tensor& t, double std) {
+  torch::NoGradGuard no_grad;
+  t.normal_(0.0, std).clamp_(-2.0, 2.0);
+}
+
+// Stochastic depth: drop whole residual branches per sample, rescaling the survivors.
+torch::Tensor drop_path(const torch::Tensor& x, double p, bool training) {
+  if (p <= 0.0 || !training) return x;
+  const double keep = 1.0 - p;
+  std::vector<int64_t> shape(x.dim(), 1);
+  shape[0] = x.size(0);
+  auto keep_mask = torch::empty(shape, x.options()).bernoulli_(keep).div_(keep);  // (B, 1, 1)
+  return x * keep_mask;
+}
+
+std::string size_string(int64_t h, int64_t w) { return std::to_string(h) + "x" + std::to_string(w); }
+
+}  // namespace
+
+torch::Tensor causal_mask(int64_t tokens) {
+  return torch::ones({tokens, tokens}, torch::kBool).tril();  // (N, N)
+}
+
+torch::Tensor key_padding_mask(const torch::Tensor& keep_tokens) {
+  TORCH_CHECK(keep_tokens.dim() == 2, "key padding mask must be (B, N), got ", keep_tokens.sizes());
+  return keep_tokens.to(torch::kBool).unsqueeze(1).unsqueeze(1);  // (B, 1, 1, N)
+}
+
+// ---- PatchEmbed ----
+
+PatchEmbedImpl::PatchEmbedImpl(const ModelConfig& config) : patch_size(config.patch_size) {
+  proj = register_module(
+      "proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(config.in_chans, config.embed_dim, config.patch_size)
+                                    .stride(config.patch_size)
+                                    .bias(true)));
+}
+
+torch::Tensor PatchEmbedImpl::forward(const torch::Tensor& x) {
+  auto y = proj->forward(x);           // (B, D, gh, gw)
+  return y.flatten(2).transpose(1, 2);  // (B, gh*gw, D), row by row
+}
+
+// ---- relative position bias ----
+
+torch::Tensor relative_position_index(int64_t trained_h, int64_t trained_w, int64_t grid_h, int64_t grid_w,
+                                      bool class_token) {
+  const int64_t span_w = 2 * trained_w - 1;
+  const int64_t patch_entries = (2 * trained_h - 1) * span_w;
+  const int64_t patches = grid_h * grid_w;
+  const int64_t prefix = class_token ? 1 : 0;
+  const int64_t tokens = patches + prefix;
+  auto index = torch::empty({tokens, tokens}, torch::kInt64);
+  auto acc = index.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < patches; ++i) {
+    const int64_t yi = i / grid_w, xi = i % grid_w;
+    for (int64_t j = 0; j < patches; ++j) {
+      const int64_t yj = j / grid_w, xj = j % grid_w;
+      const int64_t dy = std::clamp<int64_t>(yi - yj, -(trained_h - 1), trained_h - 1) + trained_h - 1;
+      const int64_t dx = std::clamp<int64_t>(xi - xj, -(trained_w - 1), trained_w - 1) + trained_w - 1;
+      acc[i + prefix][j + prefix] = dy * span_w + dx;
+    }
+  }
+  if (class_token) {
+    for (int64_t t = 1; t < tokens; ++t) {
+      acc[0][t] = patch_entries;      // class -> patch
+      acc[t][0] = patch_entries + 1;  // patch -> class
+    }
+    acc[0][0] = patch_entries + 2;  // class -> class
+  }
+  return index;
+}
+
+// ---- Attention ----
+
+AttentionImpl::AttentionImpl(const ModelConfig& config)
+    : num_heads(config.num_heads),
+      head_dim(config.head_dim()),
+      scale(1.0 / std::sqrt(static_cast<double>(config.head_dim()))),
+      trained_grid{config.grid_h(), config.grid_w()},
+      class_token(config.class_token),
+      attn_drop(config.attn_drop_rate),
+      proj_drop(config.proj_drop_rate) {
+  const int64_t dim = config.embed_dim;
+  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(dim, 3 * dim).bias(config.qkv_bias)));
+  proj = register_module("proj", torch::nn::Linear(dim, dim));
+  if (config.rel_pos_bias) {
+    const int64_t entries = (2 * trained_grid[0] - 1) * (2 * trained_grid[1] - 1) + (class_token ? 3 : 0);
+    relative_position_bias_table =
+        register_parameter("relative_position_bias_table", torch::zeros({entries, num_heads}));
+  }
+}
+
+torch::Tensor AttentionImpl::relative_bias(std::array<int64_t, 2> grid) {
+  if (!relative_position_bias_table.defined()) return {};
+  auto index = relative_position_index(trained_grid[0], trained_grid[1], grid[0], grid[1], class_token)
+                   .to(relative_position_bias_table.device());
+  const int64_t tokens = index.size(0);
+  auto bias = relative_position_bias_table.index_select(0, index.view(-1));  // (N*N, nh)
+  return bias.view({tokens, tokens, num_heads}).permute({2, 0, 1});          // (nh, N, N)
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
+                                     torch::Tensor* probs_out) {
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
+  auto qkv_out = qkv->forward(x).reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});  // (3, B, nh, N, hd)
+  auto q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];  // (B, nh, N, hd) each
+  const auto bias = relative_bias(grid);                // (nh, N, N) or undefined
+  const bool dropping = is_training() && attn_drop > 0.0;
+
+  torch::Tensor out;  // (B, nh, N, hd)
+#if TORCH_VERSION_MAJOR >= 2
+  if (allow_fused && probs_out == nullptr) {
+    // Fused kernels (flash / memory-efficient) never materialise the probabilities, so only here.
+    torch::Tensor attn_mask;
+    if (mask.defined()) attn_mask = mask;
+    if (bias.defined()) {
+      auto additive = bias.unsqueeze(0).to(q.dtype());  // (1, nh, N, N)
+      if (mask.defined()) additive = additive.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+      attn_mask = additive;
+    }
+    out = at::scaled_dot_product_attention(q, k, v, attn_mask, dropping ? attn_drop : 0.0, /*is_causal=*/false);
+  } else
+#endif
+  {
+    // Same order as timm's explicit path: scale q, q @ k^T, softmax over keys.
+    auto logits = torch::matmul(q * scale, k.transpose(-2, -1));  // (B, nh, N, N)
+    if (bias.defined()) logits = logits + bias.unsqueeze(0).to(logits.dtype());
+    if (mask.defined()) logits = logits.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+    auto probs = logits.softmax(-1);
+    if (probs_out != nullptr) *probs_out = probs;
+    if (dropping) probs = torch::dropout(probs, /*p=*/attn_drop, /*train=*/true);
+    out = torch::matmul(probs, v);  // (B, nh, N, hd)
+  }
+  if (head_mask.defined()) out = out * head_mask.to(out.dtype()).view({1, num_heads, 1, 1});
+  auto merged = out.transpose(1, 2).reshape({B, N, D});  // (B, N, D), heads concatenated
+  merged = proj->forward(merged);
+  if (proj_drop > 0.0 && is_training()) merged = torch::dropout(merged, /*p=*/proj_drop, /*train=*/true);
+  return merged;
+}
+
+// ---- Mlp, LayerScale, Block ----
+
+MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop) : drop(drop) {
+  fc1 = register_module("fc1", torch::nn::Linear(dim, hidden));
+  fc2 = register_module("fc2", torch::nn::Linear(hidden, dim));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  auto h = torch::gelu(fc1->forward(x));  // exact (erf) GELU, as timm's nn.GELU
+  if (drop > 0.0 && is_training()) h = torch::dropout(h, /*p=*/drop, /*train=*/true);
+  h = fc2->forward(h);
+  if (drop > 0.0 && is_training()) h = torch::dropout(h, /*p=*/drop, /*train=*/true);
+  return h;
+}
+
+LayerScaleImpl::LayerScaleImpl(int64_t dim, double init_value) {
+  gamma = register_parameter("gamma", torch::full({dim}, init_value));
+}
+
+BlockImpl::BlockImpl(const ModelConfig& config, double drop_path_rate) : drop_path_rate(drop_path_rate) {
+  const int64_t dim = config.embed_dim;
+  auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)); };
+  norm1 = register_module("norm1", ln());
+  attn = register_module("attn", Attention(config));
+  if (config.init_values) ls1 = register_module("ls1", LayerScale(dim, *config.init_values));
+  norm2 = register_module("norm2", ln());
+  const auto hidden = static_cast<int64_t>(static_cast<double>(dim) * config.mlp_ratio);
+  mlp = register_module("mlp", Mlp(dim, hidden, config.proj_drop_rate));
+  if (config.init_values) ls2 = register_module("ls2", LayerScale(dim, *config.init_values));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
+                                 torch::Tensor* probs_out) {
+  auto a = attn->forward(norm1->forward(x), grid, mask, probs_out);
+  if (ls1) a = ls1->forward(a);
+  auto y = x + drop_path(a, drop_path_rate, is_training());
+  auto m = mlp->forward(norm2->forward(y));
+  if (ls2) m = ls2->forward(m);
+  return y + drop_path(m, drop_path_rate, is_training());
+}
+
+// ---- VisionTransformer ----
+
+VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config) : config_(config) {
+  validate(config, "model");
+  const int64_t dim = config.embed_dim;
+  const int64_t patches = config.grid_h() * config.grid_w();
+  patch_embed = register_module("patch_embed", PatchEmbed(config));
+  if (config.class_token) cls_token = register_parameter("cls_token", torch::zeros({1, 1, dim}));
+  pos_embed = register_parameter("pos_embed", torch::zeros({1, patches + num_prefix_tokens(), dim}));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.depth; ++i) {
+    // Stochastic depth grows linearly over the blocks, as timm.
+    const double rate = config.depth > 1 ? config.drop_path_rate * static_cast<double>(i) / (config.depth - 1) : 0.0;
+    blocks->push_back(Block(config, rate));
+  }
+  auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)); };
+  if (config.global_pool == "avg") {
+    fc_norm = register_module("fc_norm", ln());
+  } else {
+    norm = register_module("norm", ln());
+  }
+  if (config.num_classes > 0) head = register_module("head", torch::nn::Linear(dim, config.num_classes));
+  reset_parameters();
+}
+
+void VisionTransformerImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  trunc_normal_(pos_embed, 0.02);
+  if (cls_token.defined()) cls_token.normal_(0.0, 1e-6);
+  // Patch embedding keeps PyTorch's default Conv2d init, as timm's default ("") scheme does.
+  patch_embed->proj->reset_parameters();
+  for (auto& module : modules(/*include_self=*/false)) {
+    if (auto* linear = module->as<torch::nn::Linear>()) {
+      trunc_normal_(linear->weight, 0.02);
+      if (linear->bias.defined()) linear->bias.zero_();
+    } else if (auto* layer_norm = module->as<torch::nn::LayerNorm>()) {
+      layer_norm->weight.fill_(1.0);
+      layer_norm->bias.zero_();
+    } else if (auto* attention = module->as<Attention>()) {
+      if (attention->relative_position_bias_table.defined()) attention->relative_position_bias_table.zero_();
+    } else if (auto* scale = module->as<LayerScale>()) {
+      scale->gamma.fill_(*config_.init_values);
+    }
+  }
+}
+
+torch::Tensor resample_pos_embed(const torch::Tensor& pos_embed, int64_t old_h, int64_t old_w, int64_t new_h,
+                                 int64_t new_w, int64_t num_prefix_tokens) {
+  TORCH_CHECK(pos_embed.dim() == 3 && pos_embed.size(1) == num_prefix_tokens + old_h * old_w,
+              "pos_embed ", pos_embed.sizes(), " does not hold ", num_prefix_tokens, " prefix tokens and a ", old_h,
+              "x", old_w, " grid");
+  if (old_h == new_h && old_w == new_w) return pos_embed;
+  const int64_t dim = pos_embed.size(2);
+  auto prefix = pos_embed.narrow(1, 0, num_prefix_tokens);  // (1, prefix, D)
+  auto grid = pos_embed.narrow(1, num_prefix_tokens, old_h * old_w)
+                  .reshape({1, old_h, old_w, dim})
+                  .permute({0, 3, 1, 2})
+                  .to(torch::kFloat32);  // (1, D, gh0, gw0)
+  auto options = F::InterpolateFuncOptions()
+                     .size(std::vector<int64_t>{new_h, new_w})
+                     .mode(torch::kBicubic)
+                     .align_corners(false)
+                     .antialias(new_h < old_h || new_w < old_w);
+  auto resized = F::interpolate(grid, options)
+                     .permute({0, 2, 3, 1})
+                     .reshape({1, new_h * new_w, dim})
+                     .to(pos_embed.dtype());  // (1, gh*gw, D)
+  return torch::cat({prefix, resized}, 1);
+}
+
+torch::Tensor VisionTransformerImpl::pos_embed_for(int64_t grid_h, int64_t grid_w) {
+  return resample_pos_embed(pos_embed, config_.grid_h(), config_.grid_w(), grid_h, grid_w, num_prefix_tokens());
+}
+
+torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, const torch::Tensor& mask,
+                                                      Capture* capture) {
+  const int64_t P = config_.patch_size;
+  if (x.dim() != 4 || x.size(1) != config_.in_chans) {
+    std::ostringstream message;
+    message << "cannot forward input of shape " << x.sizes() << ": model expects (B, " << config_.in_chans
+            << ", H, W)";
+    throw std::invalid_argument(message.str());
+  }
+  const int64_t H = x.size(2), W = x.size(3);
+  if (H % P != 0 || W % P != 0 || H == 0 || W == 0) {
+    throw std::invalid_argument("cannot forward " + size_string(H, W) + ": not divisible by patch " +
+                                std::to_string(P) + " (model trained at " + size_string(config_.img_h, config_.img_w) +
+                                ")");
+  }
+  const std::array<int64_t, 2> grid{H / P, W / P};
+  auto tokens = patch_embed->forward(x);  // (B, gh*gw, D)
+  const int64_t B = tokens.size(0);
+  if (cls_token.defined()) tokens = torch::cat({cls_token.expand({B, -1, -1}).to(tokens.dtype()), tokens}, 1);
+  tokens = tokens + pos_embed_for(grid[0], grid[1]).to(tokens.dtype());  // (B, N, D)
+  if (config_.drop_rate > 0.0 && is_training()) tokens = torch::dropout(tokens, config_.drop_rate, true);
+  if (capture != nullptr) capture->embed = tokens;
+
+  const bool want_probs = capture != nullptr && capture->attention;
+  for (const auto& module : *blocks) {
+    torch::Tensor probs;
+    tokens = module->as<Block>()->forward(tokens, grid, mask, want_probs ? &probs : nullptr);
+    if (want_probs) capture->attention_probs.push_back(probs);
+    if (capture != nullptr && capture->block_outputs) capture->outputs.push_back(tokens);
+  }
+  if (norm) tokens = norm->forward(tokens);
+  return tokens;  // (B, N, D)
+}
+
+torch::Tensor VisionTransformerImpl::forward_head(const torch::Tensor& tokens, bool pre_logits) {
+  torch::Tensor pooled;  // (B, D)
+  if (config_.global_pool == "avg") {
+    pooled = tokens.narrow(1, num_prefix_tokens(), tokens.size(1) - num_prefix_tokens()).mean(1);
+  } else {
+    pooled = tokens.select(1, 0);
+  }
+  if (fc_norm) pooled = fc_norm->forward(pooled);
+  if (config_.drop_rate > 0.0 && is_training()) pooled = torch::dropout(pooled, config_.drop_rate, true);
+  if (pre_logits || !head) return pooled;
+  return head->forward(pooled);  // (B, K)
+}
+
+torch::Tensor VisionTransformerImpl::forward(const torch::Tensor& x) { return forward_head(forward_features(x)); }
+
+void VisionTransformerImpl::set_head_mask(int64_t layer, const std::vector<int64_t>& heads) {
+  if (layer < 0 || layer >= config_.depth) {
+    throw std::invalid_argument("head mask: layer " + std::to_string(layer) + " out of range [0, " +
+                                std::to_string(config_.depth) + ")");
+  }
+  auto attention = blocks[layer]->as<Block>()->attn;
+  if (heads.empty()) {
+    attention->head_mask = torch::Tensor();
+    return;
+  }
+  auto mask = attention->head_mask.defined() ? attention->head_mask : torch::ones({config_.num_heads});
+  for (int64_t h : heads) {
+    if (h < 0 || h >= config_.num_heads) {
+      throw std::invalid_argument("head mask: head " + std::to_string(h) + " out of range [0, " +
+                                  std::to_string(config_.num_heads) + ") in layer " + std::to_string(layer));
+    }
+    mask[h] = 0.0;
+  }
+  attention->head_mask = mask.to(pos_embed.device());
+}
+
+int64_t count_parameters(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& p : module.parameters()) total += p.numel();
+  return total;
+}
+
+}  // namespace vit

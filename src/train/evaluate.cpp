@@ -1,0 +1,90 @@
+// Evaluation pass shared by `vit train` (every eval_interval epochs) and `vit evaluate`.
+#include "train/evaluate.h"
+
+#include <algorithm>
+
+namespace vit {
+
+EvalResult evaluate(VisionTransformer& net, Loader& loader, int64_t num_classes, const torch::Device& device,
+                    Communicator* comm, int64_t keep_mistakes) {
+  const bool was_training = net->is_training();
+  net->eval();
+  torch::NoGradGuard no_grad;
+  double loss_sum = 0.0;
+  int64_t correct1 = 0, correct5 = 0, count = 0;
+  auto confusion = torch::zeros({num_classes, num_classes}, torch::kInt64);
+  std::vector<Mistake> mistakes;
+  const int64_t k5 = std::min<int64_t>(5, num_classes);
+  loader.start_epoch(0);
+  while (auto batch = loader.next()) {
+    auto images = batch->images.to(device, /*non_blocking=*/true);
+    auto labels = batch->labels.to(device, /*non_blocking=*/true);
+    auto logits = net->forward(images).to(torch::kFloat32);  // (B, K)
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+    auto top = std::get<1>(logits.topk(k5, -1));            // (B, k5)
+    auto hits = top.eq(labels.unsqueeze(1));                 // (B, k5)
+    correct1 += hits.select(1, 0).sum().item<int64_t>();
+    correct5 += hits.any(1).sum().item<int64_t>();
+    auto probs = logits.softmax(-1).cpu();
+    auto predicted = top.select(1, 0).cpu();
+    auto labels_cpu = labels.cpu();
+    const int64_t B = labels_cpu.size(0);
+    count += B;
+    confusion.view(-1).index_add_(0, labels_cpu * num_classes + predicted, torch::ones({B}, torch::kInt64));
+    auto p_acc = probs.accessor<float, 2>();
+    auto pred_acc = predicted.accessor<int64_t, 1>();
+    auto label_acc = labels_cpu.accessor<int64_t, 1>();
+    for (int64_t i = 0; i < B; ++i) {
+      if (pred_acc[i] != label_acc[i]) {
+        mistakes.push_back({batch->indices[i], label_acc[i], pred_acc[i], p_acc[i][pred_acc[i]]});
+      }
+    }
+    // Keep only the most confident mistakes so far.
+    if (static_cast<int64_t>(mistakes.size()) > 4 * keep_mistakes) {
+      std::partial_sort(mistakes.begin(), mistakes.begin() + keep_mistakes, mistakes.end(),
+                        [](const Mistake& a, const Mistake& b) { return a.confidence > b.confidence; });
+      mistakes.resize(keep_mistakes);
+    }
+  }
+  if (comm != nullptr && comm->world_size() > 1) {
+    auto sums = torch::tensor({loss_sum, static_cast<double>(correct1), static_cast<double>(correct5),
+                               static_cast<double>(count)},
+                              torch::kFloat64);
+    std::vector<torch::Tensor> tensors{sums, confusion};
+    comm->all_reduce_sum(tensors);
+    loss_sum = sums[0].item<double>();
+    correct1 = static_cast<int64_t>(sums[1].item<double>());
+    correct5 = static_cast<int64_t>(sums[2].item<double>());
+    count = static_cast<int64_t>(sums[3].item<double>());
+  }
+  std::sort(mistakes.begin(), mistakes.end(),
+            [](const Mistake& a, const Mistake& b) { return a.confidence > b.confidence; });
+  if (static_cast<int64_t>(mistakes.size()) > keep_mistakes) mistakes.resize(keep_mistakes);
+  if (was_training) net->train();
+  EvalResult result;
+  result.count = count;
+  result.loss = count ? loss_sum / count : 0.0;
+  result.top1 = count ? 100.0 * correct1 / count : 0.0;
+  result.top5 = count ? 100.0 * correct5 / count : 0.0;
+  result.confusion = confusion;
+  result.mistakes = std::move(mistakes);
+  return result;
+}
+
+std::vector<std::pair<double, double>> precision_recall(const torch::Tensor& confusion) {
+  const int64_t K = confusion.size(0);
+  auto c = confusion.to(torch::kFloat64);
+  auto true_positive = c.diagonal();
+  auto predicted = c.sum(0), actual = c.sum(1);
+  std::vector<std::pair<double, double>> out;
+  for (int64_t k = 0; k < K; ++k) {
+    const double tp = true_positive[k].item<double>();
+    const double p = predicted[k].item<double>(), a = actual[k].item<double>();
+    out.emplace_back(p > 0 ? 100.0 * tp / p : 0.0, a > 0 ? 100.0 * tp / a : 0.0);
+  }
+  return out;
+}
+
+}  // namespace vit

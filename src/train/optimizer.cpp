@@ -1,0 +1,120 @@
+// Flat-buffer AdamW; the CPU update is one fused pass over parameters, gradients and both moments.
+#include "train/optimizer.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace vit {
+
+bool no_weight_decay(const std::string& name, const torch::Tensor& parameter) {
+  if (parameter.dim() <= 1) return true;
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends_with("pos_embed") || ends_with("cls_token") || ends_with("relative_position_bias_table");
+}
+
+FlatAdamW::FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+                     const TrainConfig& config)
+    : beta1_(config.beta1), beta2_(config.beta2), eps_(config.eps), weight_decay_(config.weight_decay) {
+  if (named_parameters.empty()) throw std::invalid_argument("FlatAdamW: no parameters");
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const auto& [name, p] : named_parameters) {
+      if (!p.requires_grad()) continue;
+      if (no_weight_decay(name, p) == (pass == 0)) continue;
+      named_.emplace_back(name, p);
+      if (pass == 0) decay_size_ += p.numel();
+    }
+  }
+  int64_t total = 0;
+  for (const auto& item : named_) total += item.second.numel();
+  const auto options = named_.front().second.options().requires_grad(false);
+  params_ = torch::empty({total}, options);
+  grads_ = torch::zeros({total}, options);
+  exp_avg_ = torch::zeros({total}, options);
+  exp_avg_sq_ = torch::zeros({total}, options);
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (auto& [name, p] : named_) {
+    const int64_t n = p.numel();
+    auto param_view = params_.narrow(0, offset, n).view(p.sizes());
+    param_view.copy_(p);
+    p.set_data(param_view);  // the module's parameter now lives in the flat buffer
+    p.mutable_grad() = grads_.narrow(0, offset, n).view(p.sizes());  // autograd accumulates in place
+    offset += n;
+  }
+}
+
+void FlatAdamW::zero_grad() { grads_.zero_(); }
+
+double FlatAdamW::clip_grad_norm(double max_norm) {
+  torch::NoGradGuard no_grad;
+  const double norm = grads_.norm().item<double>();
+  if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) grads_.mul_(max_norm / (norm + 1e-6));
+  return norm;
+}
+
+void FlatAdamW::step(double lr) {
+  torch::NoGradGuard no_grad;
+  ++steps_;
+  const double bias1 = 1.0 - std::pow(beta1_, static_cast<double>(steps_));
+  const double bias2 = 1.0 - std::pow(beta2_, static_cast<double>(steps_));
+  const double step_size = lr / bias1;
+  const double bias2_sqrt = std::sqrt(bias2);
+  if (params_.is_cpu() && params_.scalar_type() == torch::kFloat32) {
+    // One pass over four arrays, in the same arithmetic order as torch.optim.AdamW (non-foreach).
+    float* p = params_.data_ptr<float>();
+    const float* g = grads_.data_ptr<float>();
+    float* m = exp_avg_.data_ptr<float>();
+    float* v = exp_avg_sq_.data_ptr<float>();
+    const float b1 = static_cast<float>(beta1_), b2 = static_cast<float>(beta2_);
+    const float decay = static_cast<float>(1.0 - lr * weight_decay_);
+    const float eps = static_cast<float>(eps_), step = static_cast<float>(step_size);
+    const float denom_scale = static_cast<float>(bias2_sqrt);
+    const int64_t decay_end = decay_size_;
+    at::parallel_for(0, params_.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float gi = g[i];
+        if (i < decay_end) p[i] *= decay;
+        const float mi = m[i] * b1 + (1.0f - b1) * gi;
+        const float vi = v[i] * b2 + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] -= step * (mi / (std::sqrt(vi) / denom_scale + eps));
+      }
+    });
+    return;
+  }
+  // Other devices: the same update as a few whole-buffer tensor operations.
+  if (decay_size_ > 0) params_.narrow(0, 0, decay_size_).mul_(1.0 - lr * weight_decay_);
+  exp_avg_.mul_(beta1_).add_(grads_, 1.0 - beta1_);
+  exp_avg_sq_.mul_(beta2_).addcmul_(grads_, grads_, 1.0 - beta2_);
+  auto denom = (exp_avg_sq_.sqrt() / bias2_sqrt).add_(eps_);
+  params_.addcdiv_(exp_avg_, denom, -step_size);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FlatAdamW::state() const {
+  return {{"optimizer.exp_avg", exp_avg_},
+          {"optimizer.exp_avg_sq", exp_avg_sq_},
+          {"optimizer.steps", torch::tensor({steps_}, torch::kInt64)}};
+}
+
+void FlatAdamW::load_state(const std::vector<std::pair<std::string, torch::Tensor>>& state) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : state) {
+    if (name == "optimizer.exp_avg" || name == "optimizer.exp_avg_sq") {
+      auto& target = name == "optimizer.exp_avg" ? exp_avg_ : exp_avg_sq_;
+      if (t.numel() != target.numel()) {
+        throw std::runtime_error("optimizer state " + name + " has " + std::to_string(t.numel()) +
+                                 " values, the model has " + std::to_string(target.numel()) + " parameters");
+      }
+      target.copy_(t.view(target.sizes()));
+    } else if (name == "optimizer.steps") {
+      steps_ = t.item<int64_t>();
+    }
+  }
+}
+
+}  // namespace vit

@@ -1,0 +1,75 @@
+// `vit train`: the training loop (AdamW, warmup + cosine, accumulation, clipping, EMA, AMP on CUDA), run directory
+// (config, metrics, curves, model files) and exact resume from a saved training state.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "config/config.h"
+#include "data/augment.h"
+#include "data/dataset.h"
+#include "model/vit.h"
+#include "train/optimizer.h"
+
+namespace vit {
+
+struct EpochRecord {
+  int64_t epoch = 0;          // 1-based, as timm's summary.csv
+  double train_loss = 0.0;    // mean training loss over the epoch
+  double eval_loss = 0.0;
+  double eval_top1 = 0.0;     // percent
+  double eval_top5 = 0.0;     // percent
+  double lr = 0.0;            // learning rate at the end of the epoch
+  double epoch_seconds = 0.0; // training wall time of the epoch (without evaluation)
+  double img_per_s = 0.0;     // training throughput over all ranks
+};
+
+// What the core library cannot do by itself (OpenCV lives in the vision library); all optional.
+struct TrainHooks {
+  ImageDecoder decoder;  // decodes folder/csv datasets
+  std::function<RawAugment(int64_t ops, double magnitude)> make_randaugment;
+  std::function<void(const std::string& png_path, const std::vector<EpochRecord>& history)> plot_curves;
+};
+
+struct TrainRequest {
+  Config config;
+  std::string config_name = "run";  // names new run directories: <output_root>/<config_name>-<timestamp>
+  std::string out_dir;     // explicit run directory ("" = a new one under output_root)
+  std::string resume_dir;  // continue this run exactly (its config.json wins)
+  std::string init_from;   // fine-tune from this model file (ours or timm's)
+};
+
+struct TrainResult {
+  std::string run_dir;
+  int64_t steps = 0;
+  double best_top1 = 0.0;
+  double final_top1 = 0.0;
+  double seconds = 0.0;    // wall time including evaluation and data loading
+  double seconds_to_90 = -1.0;  // wall time when eval top-1 first reached 90% (-1 = never)
+  std::vector<EpochRecord> history;
+};
+
+TrainResult train(const TrainRequest& request, const TrainHooks& hooks = {});
+
+// The training loss: soft-target cross-entropy when `soft_targets` is defined (mixup/cutmix, already smoothed),
+// otherwise label-smoothed cross-entropy on `labels`.
+torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tensor& labels,
+                                  const torch::Tensor& soft_targets, double smoothing);
+
+// Asks a running train() to stop at the next step boundary after saving its state (SIGINT/SIGTERM handlers).
+void request_stop();
+bool stop_requested();
+
+// Thrown when training stops on request; the run can be continued with --resume.
+struct TrainingInterrupted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The CPU generator's state (dropout, drop-path, init), saved and restored for exact resume.
+torch::Tensor rng_state();
+void set_rng_state(const torch::Tensor& state);
+
+}  // namespace vit

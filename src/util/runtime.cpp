@@ -1,0 +1,78 @@
+// Process-wide runtime settings: libtorch thread pools, device selection by name, peak memory.
+#include "util/runtime.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/cuda.h>
+
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace vit {
+
+int configure_threads(int threads) {
+  if (threads < 0) {
+    throw std::invalid_argument("thread count must be >= 0 (0 = all cores), got " + std::to_string(threads));
+  }
+  int count = threads;
+  if (count == 0) count = static_cast<int>(std::thread::hardware_concurrency());
+  if (count <= 0) count = 1;  // hardware_concurrency() may report 0 when it cannot tell
+  torch::set_num_threads(count);
+  // libtorch allows the inter-op pool to be sized only once, and only before it has run any work; a second call
+  // (tests, or a subcommand calling after main did) throws, and the first setting simply stays.
+  static std::once_flag interop_once;
+  std::call_once(interop_once, [count] {
+    try {
+      at::set_num_interop_threads(count);
+    } catch (const c10::Error&) {
+    }
+  });
+  return count;
+}
+
+torch::Device resolve_device(const std::string& name) {
+  const std::string allowed = "auto, cpu, cuda, cuda:N";
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+
+  int index = 0;
+  if (name.rfind("cuda:", 0) == 0) {
+    const std::string digits = name.substr(5);
+    if (digits.empty() || digits.size() > 4 || digits.find_first_not_of("0123456789") != std::string::npos) {
+      throw std::invalid_argument("unknown device '" + name + "': expected one of " + allowed);
+    }
+    index = std::stoi(digits);
+  } else if (name != "cuda") {
+    throw std::invalid_argument("unknown device '" + name + "': expected one of " + allowed);
+  }
+  if (!torch::cuda::is_available()) {
+    throw std::runtime_error("device '" + name +
+                             "' requested, but this libtorch has no CUDA support or no GPU is visible"
+                             " (use --device cpu or auto)");
+  }
+  const int visible = static_cast<int>(torch::cuda::device_count());
+  if (index >= visible) {
+    throw std::runtime_error("device '" + name + "' requested, but only " + std::to_string(visible) +
+                             " GPU(s) are visible (cuda:0..cuda:" + std::to_string(visible - 1) + ")");
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+double peak_rss_mb() {
+  // /proc is Linux-only; elsewhere the figure is reported as 0 rather than failing a run over a statistic.
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) != 0) continue;
+    std::istringstream fields(line.substr(6));
+    double kib = 0.0;
+    fields >> kib;
+    return kib / 1024.0;
+  }
+  return 0.0;
+}
+
+}  // namespace vit

@@ -1,0 +1,17 @@
+// Process-wide runtime settings: thread counts and device selection.
+#pragma once
+
+#include <string>
+
+#include <torch/types.h>
+
+namespace vit {
+
+// Sets libtorch's intra-op threads (0 = all cores); Debian's libtorch otherwise starts with one thread.
+int configure_threads(int threads);
+// "auto" picks CUDA when this libtorch has it and a GPU is visible; "cuda" without one throws.
+torch::Device resolve_device(const std::string& name);
+// Peak resident set size of this process in MiB (from /proc/self/status VmHWM).
+double peak_rss_mb();
+
+}  // namespace vit

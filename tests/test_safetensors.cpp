@@ -1,0 +1,469 @@
+// Tests for the file formats we read and write (safetensors, .npy) and the checked file helpers beneath them:
+// round trips must be bit-identical, and every kind of damaged file must fail with one line naming the file.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "io/npy.h"
+#include "io/safetensors.h"
+#include "util/fs.h"
+
+namespace {
+namespace fs = std::filesystem;
+namespace st = vit::safetensors;
+
+// A fresh directory per test, named after it, removed afterwards.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() /
+            (std::string("vit_") + test->test_suite_name() + "_" + test->name() + "_" + std::to_string(::getpid()));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+// The message of the std::exception `action` throws, or "" when it throws none.
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// A safetensors file from a hand-written header, for the cases our own writer would never produce.
+std::string make_file(const std::string& header, const std::string& data) {
+  const uint64_t length = header.size();
+  std::string out(reinterpret_cast<const char*>(&length), sizeof length);
+  return out + header + data;
+}
+
+std::string raw_bytes(const torch::Tensor& tensor) {
+  const torch::Tensor contiguous = tensor.contiguous();
+  return std::string(static_cast<const char*>(contiguous.data_ptr()), contiguous.numel() * contiguous.element_size());
+}
+
+// Parses `bytes` as file `name` and returns the error; the message must be one line starting with the name.
+std::string parse_error(const std::string& bytes, const std::string& name = "damaged.safetensors") {
+  const std::string message = error_of([&] { st::parse(bytes, name); });
+  EXPECT_FALSE(message.empty()) << "parse accepted a damaged file";
+  EXPECT_EQ(message.rfind(name + ": ", 0), 0u) << "message does not start with the path: " << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << "message is not one line: " << message;
+  return message;
+}
+
+// ---- safetensors ----
+
+TEST(SafetensorsRoundTrip, AllDtypesBitIdenticalWithMetadata) {
+  ScratchDir dir;
+  torch::manual_seed(0);
+  const st::NamedTensors tensors = {
+      {"z.first", torch::randn({3, 4})},  // not alphabetical: the header must keep the given order
+      {"half", torch::randn({2, 5}).to(torch::kFloat16)},
+      {"bfloat", torch::randn({7}).to(torch::kBFloat16)},
+      {"double", torch::randn({2, 2, 2}, torch::kFloat64)},
+      {"long", torch::arange(-5, 5, torch::kInt64).reshape({2, 5})},
+      {"int", torch::tensor({INT32_MIN, -1, 0, INT32_MAX}, torch::kInt32)},
+      {"byte", torch::arange(0, 256, torch::kInt64).to(torch::kUInt8)},
+      {"flags", torch::tensor({true, false, true})},
+      {"scalar", torch::tensor(3.5f)},
+      {"empty", torch::zeros({0, 4})},
+      {"transposed", torch::arange(12, torch::kFloat32).reshape({3, 4}).t()},  // written contiguous
+  };
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"note", "round trip"}};
+  const std::string path = dir.file("all.safetensors");
+  st::write(path, tensors, metadata);
+
+  const std::string bytes = vit::read_file(path);
+  EXPECT_EQ(bytes, st::serialize(tensors, metadata));
+  uint64_t header_length = 0;
+  std::memcpy(&header_length, bytes.data(), 8);
+  EXPECT_EQ(header_length % 8, 0u) << "header not padded to a multiple of 8";
+
+  const st::Archive archive = st::read(path);
+  EXPECT_EQ(archive.path, path);
+  EXPECT_EQ(archive.metadata, metadata);
+  ASSERT_EQ(archive.tensors.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, expected] = tensors[i];
+    EXPECT_EQ(archive.tensors[i].name, name) << "header order changed";
+    const torch::Tensor loaded = archive.tensor(archive.tensors[i], /*as_float32=*/false);
+    EXPECT_EQ(loaded.scalar_type(), expected.scalar_type()) << name;
+    EXPECT_EQ(loaded.sizes(), expected.sizes()) << name;
+    EXPECT_EQ(raw_bytes(loaded), raw_bytes(expected)) << name << " is not bit-identical";
+  }
+  EXPECT_EQ(archive.find("missing"), nullptr);
+  EXPECT_NE(archive.find("half"), nullptr);
+}
+
+TEST(SafetensorsRoundTrip, TensorsOwnTheirMemory) {
+  const torch::Tensor original = torch::arange(6, torch::kFloat32);
+  st::Archive archive = st::parse(st::serialize({{"x", original}}), "memory.safetensors");
+  const torch::Tensor loaded = archive.tensor("x");
+  std::fill(archive.bytes.begin(), archive.bytes.end(), '\0');
+  archive = st::Archive{};
+  EXPECT_TRUE(torch::equal(loaded, original));
+}
+
+TEST(SafetensorsRoundTrip, WriterRejectsWhatTheFormatCannotHold) {
+  EXPECT_NE(error_of([] {
+              st::serialize({{"a", torch::zeros({2})}, {"a", torch::zeros({2})}});
+            }).find("'a'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { st::serialize({{"__metadata__", torch::zeros({2})}}); }).find("reserved"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              st::serialize({{"short", torch::zeros({2}, torch::kInt16)}});
+            }).find("Short"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { st::serialize({{"undefined", torch::Tensor()}}); }).find("undefined"), std::string::npos);
+
+  ScratchDir dir;
+  const std::string path = dir.file("no_such_dir/out.safetensors");
+  EXPECT_NE(error_of([&] { st::write(path, {{"x", torch::zeros({2})}}); }).find(path), std::string::npos);
+}
+
+TEST(SafetensorsReference, ReadsTimmTinyWeights) {
+  const std::string path = VIT_TEST_DATA "/tiny32/weights.safetensors";
+  const st::Archive archive = st::read(path);
+  EXPECT_EQ(archive.metadata.at("format"), "pt");
+  ASSERT_EQ(archive.tensors.size(), 32u);
+  EXPECT_EQ(archive.tensors.front().name, "cls_token");
+  EXPECT_EQ(archive.tensors.back().name, "head.bias");
+
+  const std::map<std::string, std::vector<int64_t>> shapes = {
+      {"cls_token", {1, 1, 64}},
+      {"pos_embed", {1, 5, 64}},
+      {"patch_embed.proj.weight", {64, 3, 16, 16}},
+      {"patch_embed.proj.bias", {64}},
+      {"blocks.1.attn.qkv.weight", {192, 64}},
+      {"blocks.0.mlp.fc1.weight", {256, 64}},
+      {"norm.weight", {64}},
+      {"head.weight", {10, 64}},
+      {"head.bias", {10}},
+  };
+  for (const auto& [name, shape] : shapes) {
+    const st::TensorInfo* info = archive.find(name);
+    ASSERT_NE(info, nullptr) << name;
+    EXPECT_EQ(info->dtype, st::DType::F32) << name;
+    EXPECT_EQ(info->shape, shape) << name;
+    EXPECT_EQ(archive.tensor(*info).sizes().vec(), shape) << name;
+  }
+  // Values read independently from the file with Python's struct module.
+  const torch::Tensor cls_token = archive.tensor("cls_token").flatten();
+  EXPECT_FLOAT_EQ(cls_token[0].item<float>(), -0.05629199370741844f);
+  EXPECT_FLOAT_EQ(cls_token[2].item<float>(), -0.012528928928077221f);
+  const torch::Tensor head_bias = archive.tensor("head.bias");
+  EXPECT_FLOAT_EQ(head_bias[0].item<float>(), 0.048509564250707626f);
+  EXPECT_FLOAT_EQ(head_bias[1].item<float>(), 0.014964379370212555f);
+}
+
+TEST(SafetensorsConvert, HalfAndBfloat16BecomeExactFloat32) {
+  // Hand-written bit patterns, so the check does not rely on torch's own conversion in both directions.
+  const uint16_t half_bits[] = {0x3C00, 0xC000, 0x7BFF, 0x3555};    // 1, -2, 65504, 0.333251953125
+  const uint16_t bfloat_bits[] = {0x3F80, 0xC020, 0x4049, 0x7F7F};  // 1, -2.5, 3.140625, 3.3895314e38
+  const std::string data = std::string(reinterpret_cast<const char*>(half_bits), sizeof half_bits) +
+                           std::string(reinterpret_cast<const char*>(bfloat_bits), sizeof bfloat_bits) +
+                           std::string("\x00\x01\x02", 3);
+  const std::string header = R"({"h": {"dtype": "F16", "shape": [2, 2], "data_offsets": [0, 8]},)"
+                             R"( "b": {"dtype": "BF16", "shape": [4], "data_offsets": [8, 16]},)"
+                             R"( "flags": {"dtype": "BOOL", "shape": [3], "data_offsets": [16, 19]}})"
+                             "     ";  // trailing padding spaces are allowed
+  const st::Archive archive = st::parse(make_file(header, data), "convert.safetensors");
+
+  const torch::Tensor half = archive.tensor("h");
+  EXPECT_EQ(half.scalar_type(), torch::kFloat32);
+  EXPECT_EQ(half.sizes(), torch::IntArrayRef({2, 2}));
+  EXPECT_TRUE(torch::equal(half.flatten(), torch::tensor({1.0f, -2.0f, 65504.0f, 0.333251953125f})));
+  EXPECT_EQ(archive.tensor("h", /*as_float32=*/false).scalar_type(), torch::kFloat16);
+
+  const torch::Tensor bfloat = archive.tensor("b");
+  EXPECT_EQ(bfloat.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(bfloat, torch::tensor({1.0f, -2.5f, 3.140625f, 3.3895313892515355e38f})));
+
+  // Any non-zero byte is true; torch's bool must only ever hold 0 or 1.
+  const torch::Tensor flags = archive.tensor("flags");
+  EXPECT_EQ(flags.scalar_type(), torch::kBool);
+  EXPECT_TRUE(torch::equal(flags, torch::tensor({false, true, true})));
+}
+
+TEST(SafetensorsCorrupt, EachDamageNamesTheFileAndValues) {
+  const std::string good = st::serialize({{"w", torch::ones({2, 3})}});
+  ASSERT_NO_THROW(st::parse(good, "good.safetensors"));
+
+  EXPECT_NE(parse_error(std::string("abc")).find("3 bytes"), std::string::npos);
+
+  std::string truncated = good.substr(0, good.size() - 4);
+  EXPECT_NE(parse_error(truncated).find("beyond the data section size 20"), std::string::npos);
+
+  std::string beyond = good;
+  const uint64_t too_long = good.size();
+  std::memcpy(&beyond[0], &too_long, 8);
+  EXPECT_NE(parse_error(beyond).find("header length " + std::to_string(too_long) + " exceeds file size " +
+                                     std::to_string(good.size())),
+            std::string::npos);
+
+  std::string absurd = good;
+  const uint64_t huge = uint64_t{1} << 40;
+  std::memcpy(&absurd[0], &huge, 8);
+  EXPECT_NE(parse_error(absurd).find("exceeds the limit"), std::string::npos);
+
+  const std::string data(24, '\0');
+  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 48]}})", data))
+                .find("data_offsets end 48 is beyond the data section size 24"),
+            std::string::npos);
+  EXPECT_NE(parse_error(make_file("{\"w\": {\"dtype\": \"F32\",\n bad json", data)).find("not valid JSON"),
+            std::string::npos);
+  EXPECT_NE(parse_error(make_file("[1, 2]", data)).find("expected an object"), std::string::npos);
+  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "I16", "shape": [12], "data_offsets": [0, 24]}})", data))
+                .find("unsupported dtype 'I16'"),
+            std::string::npos);
+  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}})", data))
+                .find("shape [2, 3] of F32 needs 24 bytes but data_offsets [0, 20] hold 20"),
+            std::string::npos);
+  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": [2, -3], "data_offsets": [0, 24]}})", data))
+                .find("negative (-3)"),
+            std::string::npos);
+  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})", data))
+                .find("begin > end"),
+            std::string::npos);
+  EXPECT_NE(parse_error(make_file(R"({"w": {"shape": [6], "data_offsets": [0, 24]}})", data)).find("missing \"dtype\""),
+            std::string::npos);
+  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": "6", "data_offsets": [0, 24]}})", data))
+                .find("\"shape\" is a JSON string"),
+            std::string::npos);
+  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": [6], "data_offsets": [0]}})", data))
+                .find("data_offsets"),
+            std::string::npos);
+  EXPECT_NE(parse_error(make_file(R"({"__metadata__": {"epoch": 3}})", data)).find("value for 'epoch'"),
+            std::string::npos);
+  // Control characters in a name must not break the one-line message.
+  EXPECT_NE(
+      parse_error(make_file("{\"bad\\nname\": {\"dtype\": \"X\", \"shape\": [], \"data_offsets\": [0, 0]}}", data))
+          .find("'bad\\x0aname'"),
+      std::string::npos);
+}
+
+TEST(SafetensorsCorrupt, ReadNamesThePathOnDisk) {
+  ScratchDir dir;
+  const std::string path = dir.file("model.safetensors");
+  vit::write_file_atomic(path, "tiny");
+  const std::string message = error_of([&] { st::read(path); });
+  EXPECT_EQ(message.rfind(path + ": file is 4 bytes", 0), 0u) << message;
+  const std::string missing = dir.file("absent.safetensors");
+  EXPECT_NE(error_of([&] { st::read(missing); }).find(missing), std::string::npos);
+}
+
+// ---- npy ----
+
+TEST(NpyFormat, ExactHeaderForKnownShapes) {
+  // numpy.save's output for float32 arrays of these shapes, header length 118 (preamble 128 bytes).
+  const std::map<std::vector<int64_t>, std::string> headers = {
+      {{2, 3}, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"},
+      {{5}, "{'descr': '<f4', 'fortran_order': False, 'shape': (5,), }"},
+      {{}, "{'descr': '<f4', 'fortran_order': False, 'shape': (), }"},
+  };
+  for (const auto& [shape, dict] : headers) {
+    const std::string bytes = vit::npy_bytes(torch::zeros(shape));
+    std::string expected = std::string("\x93NUMPY\x01\x00\x76\x00", 10) + dict;
+    expected.append(127 - expected.size(), ' ');
+    expected += '\n';
+    ASSERT_GE(bytes.size(), 128u);
+    EXPECT_EQ(bytes.substr(0, 128), expected);
+    int64_t count = 1;
+    for (int64_t dim : shape) count *= dim;
+    EXPECT_EQ(bytes.size(), 128u + 4 * count);
+  }
+}
+
+TEST(NpyFormat, PreambleIs64ByteAlignedAndParsesBack) {
+  ScratchDir dir;
+  torch::manual_seed(1);
+  const std::vector<std::vector<int64_t>> shapes = {
+      {}, {1}, {7}, {3, 4}, {2, 3, 4}, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, {123456789, 0}, {0}};
+  for (const auto& shape : shapes) {
+    const torch::Tensor tensor = torch::randn(shape);
+    const std::string bytes = vit::npy_bytes(tensor);
+    uint16_t header_length = 0;
+    std::memcpy(&header_length, bytes.data() + 8, 2);
+    EXPECT_EQ((10 + header_length) % 64, 0u) << "shape of rank " << shape.size();
+    EXPECT_EQ(bytes[10 + header_length - 1], '\n');
+
+    const std::string path = dir.file("a.npy");
+    vit::write_npy(path, tensor);
+    const torch::Tensor loaded = vit::read_npy(path);
+    EXPECT_EQ(loaded.sizes(), tensor.sizes());
+    EXPECT_TRUE(torch::equal(loaded, tensor));
+  }
+  // Non-contiguous input is written in logical (C) order.
+  const torch::Tensor transposed = torch::arange(6, torch::kFloat32).reshape({2, 3}).t();
+  vit::write_npy(dir.file("t.npy"), transposed);
+  EXPECT_TRUE(torch::equal(vit::read_npy(dir.file("t.npy")), transposed));
+}
+
+TEST(NpyFormat, RejectsWhatItCannotWriteOrRead) {
+  ScratchDir dir;
+  const std::string path = dir.file("double.npy");
+  EXPECT_NE(error_of([&] { vit::write_npy(path, torch::zeros({2}, torch::kFloat64)); }).find(path), std::string::npos);
+
+  // A '<f8' file as numpy writes it: the reader must refuse it by name, not misread it.
+  std::string f8 = vit::npy_bytes(torch::zeros({2}));
+  f8.replace(f8.find("<f4"), 3, "<f8");
+  vit::write_file_atomic(path, f8 + std::string(8, '\0'));
+  std::string message = error_of([&] { vit::read_npy(path); });
+  EXPECT_EQ(message.rfind(path + ": ", 0), 0u) << message;
+  EXPECT_NE(message.find("'<f4'"), std::string::npos) << message;
+
+  std::string fortran = vit::npy_bytes(torch::zeros({2, 2}));
+  fortran.replace(fortran.find("False"), 5, "True ");
+  vit::write_file_atomic(path, fortran);
+  EXPECT_NE(error_of([&] { vit::read_npy(path); }).find("Fortran"), std::string::npos);
+
+  const std::string short_data = vit::npy_bytes(torch::zeros({4}));
+  vit::write_file_atomic(path, short_data.substr(0, short_data.size() - 4));
+  EXPECT_NE(error_of([&] { vit::read_npy(path); }).find("npy data is 12 bytes"), std::string::npos);
+
+  vit::write_file_atomic(path, "not numpy at all");
+  EXPECT_NE(error_of([&] { vit::read_npy(path); }).find(path + ": not a .npy file"), std::string::npos);
+}
+
+// The first of these that can import numpy, or "" (Debian's numpy lives with /usr/bin/python3, which a pyenv
+// python3 earlier on PATH does not see).
+std::string python_with_numpy() {
+  for (const char* candidate : {"python3", "/usr/bin/python3"}) {
+    const std::string probe = std::string(candidate) + " -c 'import numpy' >/dev/null 2>&1";
+    if (std::system(probe.c_str()) == 0) return candidate;
+  }
+  return "";
+}
+
+TEST(NpyNumpy, NumpyLoadsOurFilesAndSavesTheSameBytes) {
+  const std::string python = python_with_numpy();
+  if (python.empty()) GTEST_SKIP() << "python3 with numpy not found (tried python3, /usr/bin/python3)";
+  ScratchDir dir;
+  // numpy checks dtype, shape and values, then saves the array again; the bytes must equal ours.
+  const std::string script =
+      "import sys, numpy; a = numpy.load(sys.argv[1]); "
+      "shape = tuple(int(d) for d in sys.argv[3].split(',') if d); "
+      "assert a.dtype == numpy.float32, a.dtype; assert a.shape == shape, (a.shape, shape); "
+      "assert (a.ravel() == numpy.arange(a.size, dtype=numpy.float32) * 0.5).all(), a; "
+      "numpy.save(sys.argv[2], a)";
+  const std::vector<std::pair<std::vector<int64_t>, std::string>> cases = {
+      {{2, 3, 4}, "2,3,4"}, {{5}, "5"}, {{}, ""}, {{3, 0}, "3,0"}};
+  for (const auto& [shape, shape_argument] : cases) {
+    const torch::Tensor tensor = (torch::arange(c10::multiply_integers(shape), torch::kFloat32) * 0.5).reshape(shape);
+    const std::string ours = dir.file("ours.npy");
+    const std::string theirs = dir.file("theirs.npy");
+    vit::write_npy(ours, tensor);
+    const std::string command =
+        python + " -c \"" + script + "\" '" + ours + "' '" + theirs + "' '" + shape_argument + "'";
+    ASSERT_EQ(std::system(command.c_str()), 0)
+        << "numpy rejected our file for shape (" << shape_argument << "): " << command;
+    EXPECT_EQ(vit::read_file(theirs), vit::read_file(ours))
+        << "numpy.save differs for shape (" << shape_argument << ")";
+  }
+}
+
+// ---- fs ----
+
+TEST(FsAtomicWrite, ReplacesContentAndLeavesNoTempFile) {
+  ScratchDir dir;
+  const std::string path = dir.file("out.json");
+  vit::write_file_atomic(path, "old content that is longer");
+  vit::write_file_atomic(path, "new");
+  EXPECT_EQ(vit::read_file(path), "new");
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir.path())) names.push_back(entry.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"out.json"});
+
+  vit::write_file_atomic(path, "");
+  EXPECT_EQ(vit::read_file(path), "");
+  const std::string binary("\0\x01\xff\n", 4);
+  vit::write_file_atomic(path, binary);
+  EXPECT_EQ(vit::read_file(path), binary);
+}
+
+TEST(FsAtomicWrite, FailuresNameThePathAndOperation) {
+  ScratchDir dir;
+  const std::string into_missing = dir.file("missing/out.bin");
+  std::string message = error_of([&] { vit::write_file_atomic(into_missing, "x"); });
+  EXPECT_NE(message.find(into_missing), std::string::npos) << message;
+  EXPECT_NE(message.find("cannot open for writing"), std::string::npos) << message;
+  EXPECT_NE(message.find("No such file or directory"), std::string::npos) << message;
+
+  // Renaming a file over a non-empty directory fails after the temp file was written: the temp must go.
+  const std::string directory = dir.file("occupied");
+  vit::make_dirs(directory + "/inner");
+  message = error_of([&] { vit::write_file_atomic(directory, "x"); });
+  EXPECT_NE(message.find("cannot rename"), std::string::npos) << message;
+  EXPECT_FALSE(vit::file_exists(directory + ".tmp." + std::to_string(::getpid())));
+
+  const std::string absent = dir.file("absent.txt");
+  message = error_of([&] { vit::read_file(absent); });
+  EXPECT_EQ(message.rfind(absent + ": cannot open for reading", 0), 0u) << message;
+  message = error_of([&] { vit::read_file(dir.path()); });
+  EXPECT_EQ(message.rfind(dir.path() + ": cannot read", 0), 0u) << message;
+}
+
+TEST(FsHelpers, ExtensionsAndDirectories) {
+  EXPECT_EQ(vit::lower_extension("a/b/Photo.JPeG"), ".jpeg");
+  EXPECT_EQ(vit::lower_extension("a.dir/noext"), "");
+  EXPECT_EQ(vit::lower_extension(".hidden"), "");
+  EXPECT_TRUE(vit::is_image_path("x.PNG"));
+  EXPECT_TRUE(vit::is_image_path("x.tiff"));
+  EXPECT_FALSE(vit::is_image_path("x.txt"));
+  EXPECT_FALSE(vit::is_image_path("png"));
+
+  ScratchDir dir;
+  const std::string nested = dir.file("a/b/c");
+  vit::make_dirs(nested);
+  vit::make_dirs(nested);  // existing: fine
+  EXPECT_TRUE(fs::is_directory(nested));
+  vit::write_file_atomic(dir.file("file"), "x");
+  EXPECT_NE(error_of([&] { vit::make_dirs(dir.file("file")); }).find(dir.file("file")), std::string::npos);
+  EXPECT_NE(error_of([&] { vit::make_dirs(dir.file("file/sub")); }).find(dir.file("file/sub")), std::string::npos);
+}
+
+TEST(FsHelpers, ExpandImageInputsSortedAndRecursive) {
+  ScratchDir dir;
+  const std::string root = dir.file("images");
+  for (const char* name :
+       {"b.png", "a.jpg", "notes.txt", "sub/e.jpeg", "sub/c.PNG", "sub/deeper/d.webp", "sub/deeper/readme.md"}) {
+    vit::make_dirs(fs::path(root + "/" + name).parent_path().string());
+    vit::write_file_atomic(root + "/" + name, "x");
+  }
+  const std::string single = dir.file("single.bmp");
+  vit::write_file_atomic(single, "x");
+
+  const std::vector<std::string> expected = {
+      root + "/a.jpg", root + "/b.png", root + "/sub/c.PNG", root + "/sub/deeper/d.webp", root + "/sub/e.jpeg", single};
+  EXPECT_EQ(vit::expand_image_inputs({root, single}), expected);
+  EXPECT_TRUE(vit::expand_image_inputs({dir.file("images/sub/deeper/readme.md")}).size() == 1)
+      << "a file named explicitly is passed through";
+
+  const std::string missing = dir.file("nope.jpg");
+  const std::string message = error_of([&] { vit::expand_image_inputs({root, missing}); });
+  EXPECT_EQ(message.rfind(missing + ": no such file or directory", 0), 0u) << message;
+}
+
+}  // namespace
