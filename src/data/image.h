@@ -1,0 +1,65 @@
+// 8-bit images as the data pipeline sees them (HWC, RGB order) and the one evaluation preprocessing shared by
+// predict, evaluate, export-attention and training's evaluation. Core library: torch + std only, no OpenCV.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "config/config.h"
+
+namespace vit {
+
+// Decoded pixels: HWC, RGB(A) order, 8 bits per channel; pixels.size() == height * width * channels.
+struct RawImage {
+  int64_t height = 0, width = 0, channels = 0;
+  std::vector<uint8_t> pixels;
+};
+
+// Throws std::invalid_argument unless the sizes are positive and match the pixel count; `what` names the image.
+void check_image(const RawImage& image, const std::string& what);
+
+// Channel conversion to the model's: 1->3 replicates; 3/4->1 is PIL's "L" luminance (0.299R + 0.587G + 0.114B in
+// PIL's 16-bit fixed point, rounded); 4->3 drops alpha; k->k is a copy. Other pairs throw naming both counts.
+RawImage convert_channels(const RawImage& image, int64_t channels);
+
+// Resizes with torch's interpolate ("bilinear" or "bicubic", align_corners=false, antialiased: PIL's kernels) on
+// float pixels, then clamps to [0, 255] and rounds back to 8 bits as PIL does. Throws on an unknown interpolation.
+RawImage resize_image(const RawImage& image, int64_t height, int64_t width, const std::string& interpolation);
+
+// The window [top, top + height) x [left, left + width); throws when it is not inside the image.
+RawImage crop_image(const RawImage& image, int64_t top, int64_t left, int64_t height, int64_t width);
+
+// Offset of a centred crop of `crop` out of `size`, rounded like torchvision's center_crop (Python's round,
+// ties to even), so crops match timm's pixel for pixel.
+int64_t centre_crop_offset(int64_t size, int64_t crop);
+
+// Normalisation (x / 255 - mean[c]) / std[c] for all 256 byte values of each channel, computed in float32 exactly as
+// timm's ToTensor + Normalize do; normalising a pixel is then one table lookup.
+class Normalizer {
+ public:
+  // mean/std may have 1 entry, `channels` entries, or any number of equal entries (broadcast: timm's default
+  // (0.5, 0.5, 0.5) serves a grayscale model too); otherwise throws naming the counts.
+  Normalizer(const Preprocess& preprocess, int64_t channels);
+  int64_t channels() const { return channels_; }
+  const float* table(int64_t channel) const { return table_.data() + channel * 256; }
+
+ private:
+  int64_t channels_;
+  std::vector<float> table_;  // (channels, 256)
+};
+
+// THE evaluation preprocessing: convert channels, resize, centre crop, x/255, (x - mean[c]) / std[c].
+// crop_pct == 1: plain resize to (height, width), skipped when the size already matches.
+// crop_pct < 1, square target: shorter side to floor(size / crop_pct) keeping the aspect ratio (timm/torchvision
+//   Resize(int)), then centre crop; rectangular target: resize to (floor(H / crop_pct), floor(W / crop_pct)), then
+//   centre crop.
+// Returns float32 (C, H, W), contiguous.
+torch::Tensor preprocess(const RawImage& image, const Preprocess& p, int64_t height, int64_t width, int64_t channels);
+// The same with a prebuilt Normalizer (channels = normalizer.channels()), for callers preprocessing many images.
+torch::Tensor preprocess(const RawImage& image, const Preprocess& p, const Normalizer& normalizer, int64_t height,
+                         int64_t width);
+
+}  // namespace vit
