@@ -163,14 +163,62 @@ cv::Mat colorize(const cv::Mat& heat01, const std::string& colormap) {
   return colored;
 }
 
-cv::Mat overlay_heatmap(const cv::Mat& image_bgr, const cv::Mat& heat01, const std::string& colormap, double alpha) {
+cv::Mat overlay_heatmap(const cv::Mat& image_bgr, const cv::Mat& heat01, const std::string& colormap, double alpha,
+                        int interpolation) {
+  const cv::Size full = image_bgr.size();
+  const int long_side = std::max(full.width, full.height);
+  cv::Size working = full;
+  if (long_side > kHeatWorkingSide) {
+    const double scale = static_cast<double>(kHeatWorkingSide) / long_side;
+    working = cv::Size(std::max(1, static_cast<int>(std::lround(full.width * scale))),
+                       std::max(1, static_cast<int>(std::lround(full.height * scale))));
+  }
+  cv::Mat heat;
+  heat01.convertTo(heat, CV_32F);
   cv::Mat resized;
-  cv::resize(heat01, resized, image_bgr.size(), 0, 0, cv::INTER_CUBIC);
-  cv::min(cv::max(resized, 0.0), 1.0, resized);
+  cv::resize(heat, resized, working, 0, 0, interpolation);
+  cv::min(cv::max(resized, 0.0), 1.0, resized);  // bicubic overshoots
   cv::Mat colored = colorize(resized, colormap);
+  if (working != full) {
+    cv::Mat stretched;
+    const int stretch = interpolation == cv::INTER_NEAREST ? cv::INTER_NEAREST : cv::INTER_LINEAR;
+    cv::resize(colored, stretched, full, 0, 0, stretch);
+    colored = stretched;
+  }
   cv::Mat blended;
   cv::addWeighted(colored, alpha, image_bgr, 1.0 - alpha, 0.0, blended);
   return blended;
+}
+
+std::vector<std::string> colormap_table(const std::string& colormap) {
+  cv::Mat ramp(1, 256, CV_32F);
+  for (int i = 0; i < 256; ++i) ramp.at<float>(0, i) = static_cast<float>(i) / 255.0f;
+  const cv::Mat colored = colorize(ramp, colormap);  // (1, 256) BGR
+  std::vector<std::string> table;
+  for (int i = 0; i < 256; ++i) {
+    const auto& bgr = colored.at<cv::Vec3b>(0, i);
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "#%02x%02x%02x", bgr[2], bgr[1], bgr[0]);
+    table.emplace_back(hex);
+  }
+  return table;
+}
+
+cv::Mat fit_within(const cv::Mat& image, int max_side) {
+  const int long_side = std::max(image.cols, image.rows);
+  if (long_side <= max_side) return image;
+  const double scale = static_cast<double>(max_side) / long_side;
+  cv::Mat small;
+  cv::resize(image, small,
+             cv::Size(std::max(1, static_cast<int>(std::lround(image.cols * scale))),
+                      std::max(1, static_cast<int>(std::lround(image.rows * scale)))),
+             0, 0, cv::INTER_AREA);
+  return small;
+}
+
+void put_label(cv::Mat& canvas, const std::string& text, cv::Point origin, double scale, const cv::Scalar& color) {
+  cv::putText(canvas, text, origin, cv::FONT_HERSHEY_SIMPLEX, scale, kWhite, 3, cv::LINE_AA);
+  cv::putText(canvas, text, origin, cv::FONT_HERSHEY_SIMPLEX, scale, color, 1, cv::LINE_AA);
 }
 
 cv::Mat to_bgr(const RawImage& image) {

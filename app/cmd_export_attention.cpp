@@ -1,0 +1,208 @@
+// `vit export-attention`: per image, the model's attention tensors, attention (and gradient) rollout, overlays and
+// summary.json under DIR/<image stem>/, and DIR/index.html, a gallery that opens from disk.
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "common.h"
+#include "util/fs.h"
+#include "util/log.h"
+#include "util/runtime.h"
+#include "vit/build_config.h"
+#if VIT_WITH_OPENCV
+#include "data/image.h"
+#include "explain/export.h"
+#include "explain/gallery.h"
+#include "image/decode.h"
+#include "image/draw.h"
+#endif
+
+namespace vit::app {
+namespace {
+
+struct ExportAttentionOptions {
+  std::string checkpoint;
+  ConfigArgs config;
+  std::string out;                // DIR
+  std::string layers = "all";     // blocks to write and draw
+  std::string heads = "all";      // heads in the grid and the per-layer head mean
+  std::string rollout = "mean";   // head fusion of attention rollout
+  double discard_ratio = 0.0;     // lowest fraction of fused attention dropped per block
+  bool grad_rollout = false;      // also gradient rollout
+  int64_t target_class = -1;      // --class (-1: the predicted class)
+  std::string colormap = "jet";
+  double alpha = 0.5;             // heatmap opacity
+  std::string format = "both";    // png | npy | both
+  bool faithfulness = false;      // deletion curves in summary.json
+  std::string mask_heads;         // "L:H,L:H"
+  int topk = 5;
+  std::string device = "auto";
+  int threads = 0;
+  std::vector<std::string> inputs;
+};
+
+// "1:0,1:2,3:1" -> {layer: [heads]} (the same syntax as evaluate --mask-heads).
+#if VIT_WITH_OPENCV
+int run_export_attention(const ExportAttentionOptions& o) {
+  configure_threads(o.threads);
+  const auto device = resolve_device(o.device);
+  auto model = load_model_args(o.checkpoint, o.config);
+  const ModelConfig& config = model.model;
+  if (config.num_classes <= 0) {
+    throw std::invalid_argument(model.path + " has no classifier head (num_classes 0): export-attention needs one");
+  }
+  ExportOptions options;
+  options.layers = parse_index_list(o.layers, config.depth, "--layers");
+  options.heads = parse_index_list(o.heads, config.num_heads, "--heads");
+  options.fusion = o.rollout;
+  options.discard_ratio = o.discard_ratio;
+  options.grad_rollout = o.grad_rollout;
+  if (o.target_class >= config.num_classes) {
+    throw std::invalid_argument("--class " + std::to_string(o.target_class) + " is out of range [0, " +
+                                std::to_string(config.num_classes) + ") for " + model.path);
+  }
+  options.target_class = o.target_class >= 0 ? o.target_class : kPredictedClass;
+  options.colormap = o.colormap;
+  options.alpha = o.alpha;
+  options.write_png = o.format != "npy";
+  options.write_npy = o.format != "png";
+  options.faithfulness = o.faithfulness;
+  options.topk = o.topk;
+  model.net->to(device);
+  model.net->eval();
+  // Head ablation as in evaluate: the masked heads' maps are still exported, their outputs are zeroed downstream.
+  // After the move: the mask is a plain tensor that lives on the device of the model's parameters at this point.
+  for (const auto& [layer, heads] : parse_head_mask(o.mask_heads)) model.net->set_head_mask(layer, heads);
+
+  const auto files = expand_image_inputs(o.inputs);
+  if (files.empty()) throw std::invalid_argument("no image files found in the given inputs");
+  make_dirs(o.out);
+  const Normalizer normalizer(model.preprocess, config.in_chans);
+
+  std::vector<ExportResult> results;
+  std::vector<GalleryError> errors;
+  std::set<std::string> taken;
+  for (const auto& path : files) {
+    const auto start = std::chrono::steady_clock::now();
+    cv::Mat image_bgr;
+    torch::Tensor input;  // (C, H, W)
+    try {
+      // The RawImage dies at the end of this block: only the BGR copy of a large photo stays alive.
+      const RawImage raw = decode_image(path);
+      input = preprocess(raw, model.preprocess, normalizer, config.img_h, config.img_w);
+      image_bgr = to_bgr(raw);
+    } catch (const std::exception& e) {
+      log::error(e.what());
+      std::printf("%s: error: %s\n", path.c_str(), e.what());
+      errors.push_back({path, e.what()});
+      continue;
+    }
+    const std::string dir_name = unique_dir_name(path, taken);
+    results.push_back(export_image_attention(model, path, image_bgr, input, o.out, dir_name, options));
+    const auto& prediction = results.back().summary.at("prediction").at("topk").at(0);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s: %s (%.4f) -> %s/%s/ [%.2f s]\n", path.c_str(),
+                prediction.at("label").get<std::string>().c_str(), prediction.at("prob").get<double>(),
+                o.out.c_str(), dir_name.c_str(), seconds);
+  }
+
+  std::string model_text = std::to_string(config.img_h) + "x" + std::to_string(config.img_w) + ", patch " +
+                           std::to_string(config.patch_size) + ", grid " + std::to_string(config.grid_h()) + "x" +
+                           std::to_string(config.grid_w()) + ", " + std::to_string(config.depth) + " blocks x " +
+                           std::to_string(config.num_heads) + " heads";
+  std::ostringstream rollout_text;
+  rollout_text << o.rollout << " fusion, discard " << o.discard_ratio;
+  nlohmann::ordered_json run = {{"checkpoint", model.path}, {"model", model_text}, {"rollout", rollout_text.str()}};
+  if (o.grad_rollout) {
+    run["gradient rollout"] = o.target_class >= 0 ? "class " + model.class_names.at(o.target_class)
+                                                  : std::string("predicted class");
+  }
+  if (!o.mask_heads.empty()) run["masked heads"] = o.mask_heads;
+  run["images"] = std::to_string(results.size()) + " exported" +
+                  (errors.empty() ? std::string() : ", " + std::to_string(errors.size()) + " failed");
+  write_gallery(o.out, results, errors, run, o.colormap, o.alpha);
+  std::printf("gallery: %s/index.html\n", o.out.c_str());
+
+  if (!errors.empty()) {
+    log::error(std::to_string(errors.size()) + " of " + std::to_string(files.size()) +
+               " images could not be exported");
+    return kPartial;
+  }
+  return kOk;
+}
+#else
+int run_export_attention(const ExportAttentionOptions&) {
+  throw std::runtime_error("this vit was built without OpenCV: export-attention is unavailable");
+}
+#endif
+
+// [0, 1): a discard ratio of 1 would drop every entry.
+const CLI::Validator kDiscardRatio(
+    [](std::string& text) -> std::string {
+      double value = 0.0;
+      if (!CLI::detail::lexical_cast(text, value) || !(value >= 0.0 && value < 1.0)) {
+        return "discard ratio " + text + " is outside [0, 1)";
+      }
+      return {};
+    },
+    "in [0, 1)", "discard-ratio");
+
+}  // namespace
+
+void setup_export_attention(CLI::App& app, int& status) {
+  auto options = std::make_shared<ExportAttentionOptions>();
+  auto* command = app.add_subcommand(
+      "export-attention",
+      "Export attention maps, attention/gradient rollout, overlays and an HTML gallery for images (files or folders)");
+  command->add_option("--checkpoint", options->checkpoint, "model file (default: the latest run's best model)")
+      ->check(CLI::ExistingFile);
+  add_config_args(command, options->config);
+  command->add_option("--out", options->out, "output directory: DIR/<image stem>/ per image, DIR/index.html")
+      ->required();
+  command->add_option("--layers", options->layers,
+                      "blocks whose attn_<layer>.npy/.png and grid rows are written: all or i,j,... "
+                      "(rollout always uses every block)")
+      ->capture_default_str();
+  command->add_option("--heads", options->heads,
+                      "heads shown in the grid and averaged in attn_<layer>.png: all or i,j,... "
+                      "(.npy files always hold every head)")
+      ->capture_default_str();
+  command->add_option("--rollout", options->rollout, "attention rollout head fusion")
+      ->check(CLI::IsMember({"mean", "max", "min"}))
+      ->capture_default_str();
+  command->add_option("--discard-ratio", options->discard_ratio,
+                      "per block, drop this lowest fraction of fused attention (never the class token's column)")
+      ->check(kDiscardRatio)
+      ->capture_default_str();
+  auto* grad = command->add_flag("--grad-rollout", options->grad_rollout,
+                                 "also gradient rollout (attention weighted by its positive gradient)");
+  command->add_option("--class", options->target_class, "class for --grad-rollout (default: the predicted class)")
+      ->check(CLI::NonNegativeNumber)
+      ->needs(grad);
+  command->add_option("--colormap", options->colormap, "heatmap colours")
+      ->check(CLI::IsMember({"jet", "viridis", "inferno", "turbo"}))
+      ->capture_default_str();
+  command->add_option("--alpha", options->alpha, "heatmap opacity over the image")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  command->add_option("--format", options->format, "png: overlays only, npy: raw arrays only, both")
+      ->check(CLI::IsMember({"png", "npy", "both"}))
+      ->capture_default_str();
+  command->add_flag("--faithfulness", options->faithfulness,
+                    "deletion curves in summary.json: heatmap order vs random order");
+  command->add_option("--mask-heads", options->mask_heads,
+                      "switch off heads, e.g. 3:1,5:0 (LAYER:HEAD); their maps are still exported");
+  command->add_option("--topk", options->topk, "predictions listed per image")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  add_device_args(command, options->device, options->threads);
+  command->add_option("inputs", options->inputs, "image files or directories")->required();
+  command->callback([options, &status] { status = run_export_attention(*options); });
+}
+
+}  // namespace vit::app

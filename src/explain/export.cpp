@@ -1,0 +1,393 @@
+// One image's attention export: .npy tensors, rollout maps, overlays, the layer x head contact sheet, deletion
+// curves and summary.json (formats and formulas in export.h and rollout.h).
+#include "explain/export.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+#include <stdexcept>
+
+#include <opencv2/imgproc.hpp>
+
+#include "data/image.h"
+#include "image/draw.h"
+#include "io/npy.h"
+#include "util/fs.h"
+
+namespace vit {
+namespace {
+
+constexpr int kPreviewSide = 960;  // preview.png's long side: the gallery's backdrop, sharp enough for its large view
+constexpr int kCellWidth = 128;    // contact sheet cell width in pixels
+
+const cv::Scalar kInk(40, 40, 40), kMaskedRed(40, 40, 210), kPaper(255, 255, 255), kFrame(200, 200, 200);
+
+const char* kRolloutDefinition =
+    "R = I; per block in order: F = head fusion of the attention (heads off by --mask-heads left out), drop the "
+    "lowest discard_ratio of F's entries outside the class token's column, F = F + I, rows / row sums, R = F @ R; "
+    "map = R[class token, patches] reshaped to the grid, / max";
+const char* kGradRolloutDefinition =
+    "R = I; per block in order: G = d logit[class] / d attention, F = mean over heads of attention * max(G, 0), "
+    "drop the lowest discard_ratio of F outside the class token's column, F = F + I, rows / row sums, R = F @ R; "
+    "map = R[class token, patches] reshaped to the grid, / max";
+
+// A (h, w) tensor as an owning CV_32F matrix.
+cv::Mat to_mat(const torch::Tensor& map) {
+  const auto m = map.to(torch::kCPU, torch::kFloat32).contiguous();
+  return cv::Mat(static_cast<int>(m.size(0)), static_cast<int>(m.size(1)), CV_32F, m.data_ptr<float>()).clone();
+}
+
+std::string dump_json(const nlohmann::ordered_json& value) {
+  // File names need not be valid UTF-8; replace bad bytes instead of failing the whole export.
+  return value.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+}
+
+// rows = layers, columns = heads: each cell the head's class-token map over a small copy of the image, masked
+// heads framed in red and labelled; a colour bar explains the scale.
+cv::Mat draw_contact_sheet(const cv::Mat& preview, const ExportResult& result, const std::string& colormap,
+                           double alpha, const std::string& title) {
+  const int rows = static_cast<int>(result.layers.size()), cols = static_cast<int>(result.heads.size());
+  const int cell_w = kCellWidth;
+  const auto aspect_h = static_cast<int>(std::lround(static_cast<double>(cell_w) * preview.rows / preview.cols));
+  const int cell_h = std::clamp(aspect_h, 48, 2 * kCellWidth);
+  const int outer = 12, label_w = 78, title_h = 50, header_h = 24, gap = 6, footer_h = 46;
+  const std::string subtitle = "class-token attention per layer x head, each map divided by its max";
+  int baseline = 0;
+  const int text_w = std::max(cv::getTextSize(title, cv::FONT_HERSHEY_SIMPLEX, 0.55, 1, &baseline).width,
+                              cv::getTextSize(subtitle, cv::FONT_HERSHEY_SIMPLEX, 0.42, 1, &baseline).width);
+  const int grid_w = cols * (cell_w + gap) - gap;
+  const int width = std::max({outer + label_w + grid_w + outer, outer + text_w + outer, 440});
+  const int height = title_h + header_h + rows * (cell_h + gap) - gap + footer_h;
+  cv::Mat canvas(height, width, CV_8UC3, kPaper);
+  put_label(canvas, title, {outer, 22}, 0.55, kInk);
+  put_label(canvas, subtitle, {outer, 42}, 0.42, kInk);
+
+  cv::Mat base;
+  cv::resize(preview, base, cv::Size(cell_w, cell_h), 0, 0, cv::INTER_AREA);
+  const auto on = result.head_on.accessor<bool, 2>();
+  for (int c = 0; c < cols; ++c) {
+    const std::string header = "head " + std::to_string(result.heads[c]);
+    const int x = outer + label_w + c * (cell_w + gap);
+    put_label(canvas, header, {x + cell_w / 2 - 22, title_h + 16}, 0.45, kInk);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const int y = title_h + header_h + r * (cell_h + gap);
+    put_label(canvas, "layer " + std::to_string(result.layers[r]), {outer, y + cell_h / 2 + 5}, 0.45, kInk);
+    for (int c = 0; c < cols; ++c) {
+      const int x = outer + label_w + c * (cell_w + gap);
+      const cv::Rect box(x, y, cell_w, cell_h);
+      // Nearest-neighbour upsampling keeps one colour per patch: the map's real resolution.
+      overlay_in_view(base, to_mat(result.head_maps[r][c]), result.view, colormap, alpha, cv::INTER_NEAREST)
+          .copyTo(canvas(box));
+      if (on[r][c]) {
+        cv::rectangle(canvas, box, kFrame, 1);
+      } else {
+        cv::rectangle(canvas, box, kMaskedRed, 3);
+        cv::rectangle(canvas, {x + 3, y + cell_h - 22, 62, 19}, kPaper, cv::FILLED);
+        cv::putText(canvas, "masked", {x + 6, y + cell_h - 8}, cv::FONT_HERSHEY_SIMPLEX, 0.45, kMaskedRed, 1,
+                    cv::LINE_AA);
+      }
+    }
+  }
+  // Colour bar: what the colours mean (every map is divided by its own max).
+  const int bar_y = height - footer_h + 14, bar_x = outer + label_w, bar_w = 200;
+  cv::Mat ramp(1, bar_w, CV_32F);
+  for (int i = 0; i < bar_w; ++i) ramp.at<float>(0, i) = static_cast<float>(i) / (bar_w - 1);
+  cv::Mat bar;
+  cv::resize(colorize(ramp, colormap), bar, cv::Size(bar_w, 12), 0, 0, cv::INTER_NEAREST);
+  bar.copyTo(canvas(cv::Rect(bar_x, bar_y, bar_w, 12)));
+  put_label(canvas, "0", {bar_x - 14, bar_y + 11}, 0.4, kInk);
+  put_label(canvas, "map max", {bar_x + bar_w + 6, bar_y + 11}, 0.4, kInk);
+  put_label(canvas, "red frame: head switched off (--mask-heads)", {bar_x, bar_y + 30}, 0.4, kMaskedRed);
+  return canvas;
+}
+
+nlohmann::ordered_json curve_json(const DeletionCurve& curve) {
+  return {{"probs", curve.probs}, {"auc", curve.auc}};
+}
+
+}  // namespace
+
+cv::Rect ModelView::in(cv::Size size) const {
+  const int x0 = static_cast<int>(std::lround(left * size.width));
+  const int y0 = static_cast<int>(std::lround(top * size.height));
+  const int x1 = std::max(x0 + 1, static_cast<int>(std::lround(right * size.width)));
+  const int y1 = std::max(y0 + 1, static_cast<int>(std::lround(bottom * size.height)));
+  return cv::Rect(x0, y0, std::min(x1, size.width) - x0, std::min(y1, size.height) - y0);
+}
+
+ModelView model_view(int64_t image_h, int64_t image_w, const Preprocess& preprocess, int64_t height, int64_t width) {
+  if (preprocess.crop_pct >= 1.0) return {};
+  // The resize before the crop, exactly as preprocess() sizes it (data/image.h).
+  int64_t resize_h = 0, resize_w = 0;
+  if (height == width) {
+    const auto scale = static_cast<int64_t>(std::floor(static_cast<double>(height) / preprocess.crop_pct));
+    if (image_w <= image_h) {
+      resize_w = scale;
+      resize_h = static_cast<int64_t>(static_cast<double>(scale) * image_h / image_w);
+    } else {
+      resize_h = scale;
+      resize_w = static_cast<int64_t>(static_cast<double>(scale) * image_w / image_h);
+    }
+  } else {
+    resize_h = static_cast<int64_t>(std::floor(static_cast<double>(height) / preprocess.crop_pct));
+    resize_w = static_cast<int64_t>(std::floor(static_cast<double>(width) / preprocess.crop_pct));
+  }
+  const int64_t top = centre_crop_offset(resize_h, height), left = centre_crop_offset(resize_w, width);
+  ModelView view;
+  view.top = static_cast<double>(top) / resize_h;
+  view.bottom = static_cast<double>(top + height) / resize_h;
+  view.left = static_cast<double>(left) / resize_w;
+  view.right = static_cast<double>(left + width) / resize_w;
+  return view;
+}
+
+cv::Mat overlay_in_view(const cv::Mat& image_bgr, const cv::Mat& heat01, const ModelView& view,
+                        const std::string& colormap, double alpha, int interpolation) {
+  if (view.whole()) return overlay_heatmap(image_bgr, heat01, colormap, alpha, interpolation);
+  const cv::Rect window = view.in(image_bgr.size());
+  cv::Mat out;
+  image_bgr.convertTo(out, -1, 0.5, 0.0);  // the part the model never saw, dimmed
+  overlay_heatmap(image_bgr(window), heat01, colormap, alpha, interpolation).copyTo(out(window));
+  return out;
+}
+
+std::string unique_dir_name(const std::string& image_path, std::set<std::string>& taken) {
+  std::string stem = std::filesystem::path(image_path).stem().string();
+  if (stem.empty() || stem == "." || stem == "..") stem = "image";
+  std::string name = stem;
+  for (int n = 2; taken.count(name) > 0; ++n) name = stem + "-" + std::to_string(n);
+  taken.insert(name);
+  return name;
+}
+
+std::vector<int64_t> parse_index_list(const std::string& text, int64_t count, const std::string& option) {
+  std::vector<int64_t> out;
+  if (text.empty() || text == "all") {
+    for (int64_t i = 0; i < count; ++i) out.push_back(i);
+    return out;
+  }
+  std::stringstream list(text);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    int64_t value = -1;
+    try {
+      size_t used = 0;
+      value = std::stoll(item, &used);
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw std::invalid_argument(option + ": \"" + item + "\" is not an index (expected all or i,j,...)");
+    }
+    if (value < 0 || value >= count) {
+      throw std::invalid_argument(option + ": " + std::to_string(value) + " is out of range [0, " +
+                                  std::to_string(count) + ")");
+    }
+    if (std::find(out.begin(), out.end(), value) != out.end()) {
+      throw std::invalid_argument(option + ": " + std::to_string(value) + " is listed twice");
+    }
+    out.push_back(value);
+  }
+  if (out.empty()) throw std::invalid_argument(option + ": \"" + text + "\" lists no index");
+  return out;
+}
+
+ExportResult export_image_attention(LoadedModel& model, const std::string& image_path, const cv::Mat& image_bgr,
+                                    const torch::Tensor& input, const std::string& out_dir, const std::string& dir_name,
+                                    const ExportOptions& options) {
+  check_head_fusion(options.fusion);
+  check_colormap(options.colormap);
+  const ModelConfig& config = model.model;
+  if (config.num_classes <= 0) {
+    throw std::invalid_argument(model.path + ": the model has no classifier head (num_classes 0): nothing to explain");
+  }
+  // The grid comes from the model's input size, never from sqrt(N): rectangular models work.
+  const int64_t grid_h = config.grid_h(), grid_w = config.grid_w();
+  const int64_t prefix = model.net->num_prefix_tokens();
+  TORCH_CHECK(input.dim() == 3 && input.size(1) == config.img_h && input.size(2) == config.img_w,
+              "export_image_attention: input has shape ", input.sizes(), ", expected (", config.in_chans, ", ",
+              config.img_h, ", ", config.img_w, ")");
+  const std::string dir = out_dir + "/" + dir_name;
+  make_dirs(dir);
+
+  ExportResult result;
+  result.dir_name = dir_name;
+  result.layers = options.layers.empty() ? parse_index_list("all", config.depth, "--layers") : options.layers;
+  result.heads = options.heads.empty() ? parse_index_list("all", config.num_heads, "--heads") : options.heads;
+  result.view = model_view(image_bgr.rows, image_bgr.cols, model.preprocess, config.img_h, config.img_w);
+
+  const int64_t gradient_class = options.grad_rollout ? options.target_class : -1;
+  const AttentionCapture capture = capture_attention(model.net, input, gradient_class);
+  const auto keep = head_keep_masks(model.net);  // per block (nh): 1 = on
+
+  // Prediction.
+  const auto probs = capture.logits.softmax(0);  // (K)
+  const int64_t k = std::min<int64_t>(options.topk, config.num_classes);
+  const auto [top_p, top_i] = probs.topk(k);
+  nlohmann::ordered_json topk = nlohmann::ordered_json::array();
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t index = top_i[i].item<int64_t>();
+    topk.push_back({{"index", index}, {"label", model.class_names.at(index)}, {"prob", top_p[i].item<double>()}});
+  }
+  const int64_t predicted = top_i[0].item<int64_t>();
+
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  auto written = [&](const std::string& role, const std::string& name) {
+    if (files.contains(role) && files[role].is_array()) files[role].push_back(name);
+    else files[role] = name;
+  };
+
+  // Raw attention of the chosen blocks: all heads, exactly the probabilities the forward pass used.
+  if (options.write_npy) {
+    files["attention_npy"] = nlohmann::ordered_json::array();
+    for (int64_t layer : result.layers) {
+      const std::string name = "attn_" + std::to_string(layer) + ".npy";
+      write_npy(dir + "/" + name, capture.attentions.at(layer));  // (nh, N, N)
+      written("attention_npy", name);
+    }
+  }
+
+  const auto rollout = attention_rollout(capture.attentions, options.fusion, options.discard_ratio, prefix, grid_h,
+                                         grid_w, keep);  // (gh, gw)
+  torch::Tensor grad_rollout;
+  if (options.grad_rollout) {
+    grad_rollout = gradient_rollout(capture.attentions, capture.gradients, options.discard_ratio, prefix, grid_h,
+                                    grid_w);  // (gh, gw)
+  }
+  if (options.write_npy) {
+    write_npy(dir + "/rollout.npy", rollout);
+    written("rollout_npy", "rollout.npy");
+    if (grad_rollout.defined()) {
+      write_npy(dir + "/grad_rollout.npy", grad_rollout);
+      written("grad_rollout_npy", "grad_rollout.npy");
+    }
+  }
+
+  // Per shown layer and head: the class token's attention map (the grid), and which of those heads are on.
+  const auto heads_index = torch::tensor(result.heads, torch::kInt64);
+  std::vector<torch::Tensor> layer_maps;
+  result.head_on = torch::zeros({static_cast<int64_t>(result.layers.size()), static_cast<int64_t>(result.heads.size())},
+                                torch::kBool);
+  for (size_t r = 0; r < result.layers.size(); ++r) {
+    const int64_t layer = result.layers[r];
+    layer_maps.push_back(class_attention_maps(capture.attentions[layer], prefix, grid_h, grid_w)
+                             .index_select(0, heads_index));  // (heads, gh, gw)
+    result.head_on[static_cast<int64_t>(r)].copy_(keep[layer].index_select(0, heads_index) > 0);
+  }
+  result.head_maps = torch::stack(layer_maps);  // (layers, heads, gh, gw)
+
+  if (options.write_png) {
+    // Small copy for the gallery's backdrop and the contact sheet; overlays use the full image.
+    const cv::Mat preview = fit_within(image_bgr, kPreviewSide);
+    write_image(dir + "/preview.png", preview);
+    written("preview_png", "preview.png");
+    write_image(dir + "/rollout.png",
+                overlay_in_view(image_bgr, to_mat(rollout), result.view, options.colormap, options.alpha));
+    written("rollout_png", "rollout.png");
+    if (grad_rollout.defined()) {
+      write_image(dir + "/grad_rollout.png",
+                  overlay_in_view(image_bgr, to_mat(grad_rollout), result.view, options.colormap, options.alpha));
+      written("grad_rollout_png", "grad_rollout.png");
+    }
+    files["layer_png"] = nlohmann::ordered_json::array();
+    for (size_t r = 0; r < result.layers.size(); ++r) {
+      const int64_t layer = result.layers[r];
+      // Head mean over the shown heads that are on (all shown heads when every one of them is off).
+      auto shown_on = torch::zeros({config.num_heads});
+      shown_on.index_fill_(0, heads_index, 1.0);
+      if ((shown_on * keep[layer]).count_nonzero().item<int64_t>() > 0) shown_on *= keep[layer];
+      const auto mean_map = class_attention_mean(capture.attentions[layer], prefix, grid_h, grid_w, shown_on);
+      const std::string name = "attn_" + std::to_string(layer) + ".png";
+      write_image(dir + "/" + name,
+                  overlay_in_view(image_bgr, to_mat(mean_map), result.view, options.colormap, options.alpha));
+      written("layer_png", name);
+    }
+    write_image(dir + "/grid_layer_head.png",
+                draw_contact_sheet(preview, result, options.colormap, options.alpha, dir_name));
+    written("grid_png", "grid_layer_head.png");
+  }
+
+  nlohmann::ordered_json masked = nlohmann::ordered_json::array();
+  for (size_t layer = 0; layer < keep.size(); ++layer) {
+    for (int64_t h = 0; h < keep[layer].size(0); ++h) {
+      if (keep[layer][h].item<float>() == 0.0f) masked.push_back({{"layer", layer}, {"head", h}});
+    }
+  }
+  nlohmann::ordered_json method = {
+      {"attention", "explicit softmax probabilities of forward_features, the path predict uses (no fused kernel)"},
+      {"layers", result.layers},
+      {"heads", result.heads},
+      {"masked_heads", masked},
+      {"rollout", {{"head_fusion", options.fusion}, {"discard_ratio", options.discard_ratio},
+                   {"prefix_tokens", prefix}, {"definition", kRolloutDefinition}}},
+      {"colormap", options.colormap},
+      {"alpha", options.alpha},
+      {"format", options.write_png && options.write_npy ? "both" : options.write_png ? "png" : "npy"},
+  };
+  if (options.grad_rollout) {
+    method["grad_rollout"] = {{"class", capture.gradient_class},
+                              {"label", model.class_names.at(capture.gradient_class)},
+                              {"class_source", options.target_class == kPredictedClass ? "predicted" : "--class"},
+                              {"score", "logit (before softmax)"},
+                              {"discard_ratio", options.discard_ratio},
+                              {"definition", kGradRolloutDefinition}};
+  }
+
+  nlohmann::ordered_json summary = {
+      {"format", kAttentionExportFormat},
+      {"format_version", kAttentionExportVersion},
+      {"image", image_path},
+      {"image_size", {{"height", image_bgr.rows}, {"width", image_bgr.cols}}},
+      {"model_view",
+       {{"note", "the window of the image the model sees (crop_pct < 1: the centre crop); maps cover only it"},
+        {"top", result.view.top * image_bgr.rows},
+        {"left", result.view.left * image_bgr.cols},
+        {"height", (result.view.bottom - result.view.top) * image_bgr.rows},
+        {"width", (result.view.right - result.view.left) * image_bgr.cols}}},
+      {"checkpoint", model.path},
+      {"model",
+       {{"img_size", {config.img_h, config.img_w}},
+        {"patch_size", config.patch_size},
+        {"grid", {grid_h, grid_w}},
+        {"tokens", prefix + grid_h * grid_w},
+        {"prefix_tokens", prefix},
+        {"depth", config.depth},
+        {"num_heads", config.num_heads}}},
+      {"prediction", {{"class", predicted}, {"label", model.class_names.at(predicted)}, {"topk", topk}}},
+      {"method", method},
+  };
+
+  written("summary", "summary.json");
+  summary["files"] = files;
+  if (options.faithfulness) {
+    const int64_t patches = grid_h * grid_w;
+    const auto by_rollout = deletion_curve(model.net, input, importance_order(rollout), predicted,
+                                           options.faithfulness_steps);
+    const auto by_random = deletion_curve(model.net, input, random_order(patches, options.random_seed), predicted,
+                                          options.faithfulness_steps);
+    nlohmann::ordered_json faithfulness = {
+        {"metric", "deletion: probability of the predicted class as patches are blanked, most important first"},
+        {"class", predicted},
+        {"label", model.class_names.at(predicted)},
+        {"baseline", "blanked patches are 0 after normalisation (the dataset mean colour)"},
+        {"fractions", by_rollout.fractions},
+        {"rollout", curve_json(by_rollout)},
+        {"random", {{"probs", by_random.probs}, {"auc", by_random.auc}, {"seed", options.random_seed}}},
+        {"auc_note", "area under probability vs deleted fraction; lower = the heatmap found the evidence faster"},
+        {"rollout_beats_random", by_rollout.auc < by_random.auc},
+    };
+    if (grad_rollout.defined()) {
+      const auto by_gradient = deletion_curve(model.net, input, importance_order(grad_rollout), predicted,
+                                              options.faithfulness_steps);
+      faithfulness["grad_rollout"] = curve_json(by_gradient);
+      faithfulness["grad_rollout_beats_random"] = by_gradient.auc < by_random.auc;
+    }
+    summary["faithfulness"] = faithfulness;
+  }
+
+  write_file_atomic(dir + "/summary.json", dump_json(summary));
+  result.summary = std::move(summary);
+  return result;
+}
+
+}  // namespace vit

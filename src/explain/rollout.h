@@ -1,0 +1,107 @@
+// Attention rollout (Abnar & Zuidema 2020), gradient-weighted rollout and the deletion (faithfulness) curve: the
+// numeric core of `vit export-attention`. Core library: torch only, no OpenCV.
+//
+// Shape key: nh heads, N tokens (prefix + gh*gw), gh/gw patch grid, C/H/W image, K classes.
+//
+// Attention rollout, head fusion f (mean | max | min), discard ratio d, prefix tokens p (1 = class token):
+//   R = I (N, N)
+//   for each block b in forward order:
+//     F = f over heads of A_b                      (heads switched off by a head mask are left out)
+//     zero the floor(d * N * (N - p)) smallest entries of F outside the prefix columns (the class token's column
+//       is never dropped; ties broken by index)
+//     F = F + I;  F = F / F.sum(-1, keepdim)       (each row sums to 1)
+//     R = F @ R
+//   map = R[0, p:] (the class token's row over the patches; without a class token the mean of all rows),
+//         reshaped row-major to (gh, gw), divided by its max (an all-zero map stays zero).
+// Gradient rollout for class c (Chefer et al. 2021 / jacobgil's grad_rollout with blocks multiplied in forward
+// order, rows renormalised with keepdim):
+//   G_b = d logit_c / d A_b (the pre-softmax class score; gradients of the same forward pass)
+//   F = mean over all heads of A_b * max(G_b, 0)   (a switched-off head has G_b = 0, so it adds nothing)
+//   then discard, + I, renormalise, R = F @ R and the map exactly as above.
+// Everything is computed in float64 and returned as float32.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "model/vit.h"
+
+namespace vit {
+
+// Throws std::invalid_argument naming the bad value unless fusion is "mean", "max" or "min".
+void check_head_fusion(const std::string& fusion);
+
+// One block's heads fused: (nh, N, N) -> (N, N) float64. keep: optional (nh) mask, nonzero = head is on; when it
+// is given, only those heads are fused, and a block with every head off fuses to zeros (the block adds nothing).
+torch::Tensor fuse_heads(const torch::Tensor& attention, const std::string& fusion, const torch::Tensor& keep = {});
+
+// Zeroes the floor(ratio * N * (N - prefix_tokens)) smallest entries of a fused (N, N) matrix among the columns
+// >= prefix_tokens; the class token's column is never touched. Returns a new tensor.
+torch::Tensor discard_lowest(const torch::Tensor& fused, double ratio, int64_t prefix_tokens);
+
+// (F + I) with each row divided by its sum: (N, N) -> (N, N).
+torch::Tensor add_identity_and_normalise(const torch::Tensor& fused);
+
+// The rolled-out (N, N) matrix as a (grid_h, grid_w) map: the class token's row over the patches (mean of all rows
+// when prefix_tokens == 0), row-major, divided by its max. Checks N == prefix_tokens + grid_h * grid_w.
+torch::Tensor rollout_to_map(const torch::Tensor& rollout, int64_t prefix_tokens, int64_t grid_h, int64_t grid_w);
+
+// Attention rollout of one image. attentions: per block (nh, N, N) softmax probabilities; head_keep: empty, or per
+// block an (nh) mask of the heads that are on. Returns float32 (grid_h, grid_w).
+torch::Tensor attention_rollout(const std::vector<torch::Tensor>& attentions, const std::string& fusion,
+                                double discard_ratio, int64_t prefix_tokens, int64_t grid_h, int64_t grid_w,
+                                const std::vector<torch::Tensor>& head_keep = {});
+
+// Gradient rollout of one image: gradients[b] = d(class logit)/d(attentions[b]), both (nh, N, N).
+// Returns float32 (grid_h, grid_w).
+torch::Tensor gradient_rollout(const std::vector<torch::Tensor>& attentions,
+                               const std::vector<torch::Tensor>& gradients, double discard_ratio,
+                               int64_t prefix_tokens, int64_t grid_h, int64_t grid_w);
+
+// Each head's class-token attention of one block as maps: (nh, N, N) -> float32 (nh, grid_h, grid_w), each map
+// divided by its own max (without a class token: the mean attention every patch receives).
+torch::Tensor class_attention_maps(const torch::Tensor& attention, int64_t prefix_tokens, int64_t grid_h,
+                                   int64_t grid_w);
+// The head mean of those (over the heads that are on when keep is given and not all off), then / max:
+// float32 (grid_h, grid_w).
+torch::Tensor class_attention_mean(const torch::Tensor& attention, int64_t prefix_tokens, int64_t grid_h,
+                                   int64_t grid_w, const torch::Tensor& keep = {});
+
+// Per block, an (nh) float mask of the heads that are on (1) or ablated by set_head_mask (0).
+std::vector<torch::Tensor> head_keep_masks(VisionTransformer& net);
+
+// What one forward pass (and, when asked, one backward pass) of one image yields, on the CPU in float32.
+struct AttentionCapture {
+  torch::Tensor logits;                     // (K)
+  std::vector<torch::Tensor> attentions;    // per block (nh, N, N), the probabilities the forward pass used
+  std::vector<torch::Tensor> gradients;     // per block (nh, N, N) d logit[gradient_class] / d attention; or empty
+  int64_t gradient_class = -1;              // the class the gradients are for (-1 when none were taken)
+};
+
+// Runs image (C, H, W), already preprocessed, through forward_features + forward_head with the attention
+// probabilities captured (explicit attention, never a fused kernel). gradient_class: -1 = no gradients;
+// kPredictedClass = the arg-max class; otherwise that class (checked against K).
+inline constexpr int64_t kPredictedClass = -2;
+AttentionCapture capture_attention(VisionTransformer& net, const torch::Tensor& image, int64_t gradient_class);
+
+// Patch indices (row-major over the grid) sorted by importance, highest first; ties keep index order.
+std::vector<int64_t> importance_order(const torch::Tensor& heat);
+// A uniformly random permutation of 0..count-1 from a seeded std::mt19937_64 (reproducible everywhere).
+std::vector<int64_t> random_order(int64_t count, uint64_t seed);
+
+// Deletion curve: the probability of `target_class` as patches are blanked (set to 0 after normalisation, i.e. to
+// the dataset mean) in `order`, at `steps` + 1 evenly spaced deletion counts round(i * P / steps), P patches
+// (steps is capped at P). auc: trapezoidal area under probability over the deleted fraction in [0, 1]; lower
+// means the order found the evidence faster.
+struct DeletionCurve {
+  std::vector<double> fractions;  // deleted fraction of the patches, 0 .. 1
+  std::vector<double> probs;      // probability of the target class after that deletion
+  double auc = 0.0;
+};
+DeletionCurve deletion_curve(VisionTransformer& net, const torch::Tensor& image, const std::vector<int64_t>& order,
+                             int64_t target_class, int64_t steps, int64_t batch_size = 16);
+
+}  // namespace vit
