@@ -35,29 +35,6 @@ struct EvaluateOptions {
   std::string mask_heads;  // "L:H,L:H"
 };
 
-// "1:0,1:2,3:1" -> {layer: [heads]}.
-std::map<int64_t, std::vector<int64_t>> parse_head_mask(const std::string& text) {
-  std::map<int64_t, std::vector<int64_t>> out;
-  std::stringstream list(text);
-  std::string item;
-  while (std::getline(list, item, ',')) {
-    const auto colon = item.find(':');
-    try {
-      if (colon == std::string::npos) throw std::invalid_argument("");
-      size_t used = 0;
-      const int64_t layer = std::stoll(item.substr(0, colon), &used);
-      if (used != colon) throw std::invalid_argument("");
-      const std::string head_text = item.substr(colon + 1);
-      const int64_t head = std::stoll(head_text, &used);
-      if (used != head_text.size()) throw std::invalid_argument("");
-      out[layer].push_back(head);
-    } catch (const std::exception&) {
-      throw std::invalid_argument("--mask-heads: \"" + item + "\" is not LAYER:HEAD (e.g. 3:1)");
-    }
-  }
-  return out;
-}
-
 int run_evaluate(const EvaluateOptions& options) {
   configure_threads(options.threads);
   const auto device = resolve_device(options.device);
@@ -74,7 +51,6 @@ int run_evaluate(const EvaluateOptions& options) {
   }
   config->model = model.model;
   config->data.preprocess = model.preprocess;  // score with the preprocessing the model was trained with
-  for (const auto& [layer, heads] : parse_head_mask(options.mask_heads)) model.net->set_head_mask(layer, heads);
   ImageDecoder decoder;
 #if VIT_WITH_OPENCV
   decoder = [](const std::string& path) { return decode_image(path); };
@@ -95,6 +71,7 @@ int run_evaluate(const EvaluateOptions& options) {
   loader_options.pin_memory = device.is_cuda();
   Loader loader(dataset, make_eval_transform(config->data, config->model), loader_options);
   model.net->to(device);
+  for (const auto& [layer, heads] : parse_head_mask(options.mask_heads)) model.net->set_head_mask(layer, heads);
   const auto result = evaluate(model.net, loader, model.model.num_classes, device);
   const auto per_class = precision_recall(result.confusion);
 

@@ -2,6 +2,7 @@
 #include "common.h"
 
 #include <filesystem>
+#include <sstream>
 
 #include "util/fs.h"
 #include "util/log.h"
@@ -41,6 +42,28 @@ LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& arg
   const std::string path =
       resolve_checkpoint(checkpoint, config ? config->train.output_root : std::string("runs"));
   return load_model(path, config);
+}
+
+std::map<int64_t, std::vector<int64_t>> parse_head_mask(const std::string& text) {
+  std::map<int64_t, std::vector<int64_t>> out;
+  std::stringstream list(text);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    const auto colon = item.find(':');
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("");
+      size_t used = 0;
+      const int64_t layer = std::stoll(item.substr(0, colon), &used);
+      if (used != colon) throw std::invalid_argument("");
+      const std::string head_text = item.substr(colon + 1);
+      const int64_t head = std::stoll(head_text, &used);
+      if (used != head_text.size()) throw std::invalid_argument("");
+      out[layer].push_back(head);
+    } catch (const std::exception&) {
+      throw std::invalid_argument("--mask-heads: \"" + item + "\" is not LAYER:HEAD (e.g. 3:1)");
+    }
+  }
+  return out;
 }
 
 void add_device_args(CLI::App* command, std::string& device, int& threads) {

@@ -1,6 +1,7 @@
 // Wiring shared by the subcommands: config/--set options, model lookup, device and thread options.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,9 @@ std::optional<Config> load_config_args(const ConfigArgs& args);
 std::string resolve_checkpoint(const std::string& checkpoint, const std::string& runs_root = "runs");
 // Loads the model named by --checkpoint (or the latest run's), with --config for plain timm files.
 LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args);
+
+// --mask-heads "1:0,1:2,3:1" -> {layer: [heads]}; throws naming the bad item.
+std::map<int64_t, std::vector<int64_t>> parse_head_mask(const std::string& text);
 
 void add_device_args(CLI::App* command, std::string& device, int& threads);
 

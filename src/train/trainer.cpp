@@ -150,6 +150,7 @@ void write_summary_csv(const std::string& path, const std::vector<EpochRecord>& 
 // <root>/latest -> the run directory, replaced atomically (a temporary link renamed over the old one).
 void point_latest(const std::string& output_root, const std::string& run_dir) {
   std::error_code error;
+  fs::create_directories(output_root, error);
   fs::path target = fs::absolute(run_dir, error);
   const fs::path root = fs::absolute(output_root, error);
   if (target.parent_path() == root) target = target.filename();  // relative: the runs folder can move
@@ -312,6 +313,8 @@ TrainResult train(const TrainRequest& request, const TrainHooks& hooks) {
   std::vector<std::pair<std::string, torch::Tensor>> named_parameters;
   for (const auto& item : net->named_parameters()) named_parameters.emplace_back(item.key(), item.value());
   FlatAdamW optimizer(named_parameters, tc);
+  // Averages gradients over ranks, each bucket's all-reduce overlapping the rest of backward (no-op for one rank).
+  GradientReducer reducer(*comm, optimizer.grads(), optimizer.named(), named_parameters);
   {
     std::vector<torch::Tensor> params{optimizer.params()};
     comm->broadcast(params, 0);  // identical start on every rank
@@ -343,6 +346,14 @@ TrainResult train(const TrainRequest& request, const TrainHooks& hooks) {
                           {"optimizer.exp_avg_sq", tensor("optimizer.exp_avg_sq")},
                           {"optimizer.steps", tensor("optimizer.steps")}});
     if (ema.defined()) ema.copy_(tensor("ema"));
+    // The position in the epoch counts per-rank batches and each rank has its own RNG stream: same world size only.
+    const auto saved_world = archive.metadata.find("world_size");
+    const int world_size = saved_world == archive.metadata.end() ? 1 : std::stoi(saved_world->second);
+    if (world_size != env.world_size) {
+      throw std::invalid_argument(state_path + " was saved by " + std::to_string(world_size) + " rank(s); resume it " +
+                                  "with WORLD_SIZE=" + std::to_string(world_size) + ", not " +
+                                  std::to_string(env.world_size));
+    }
     set_rng_state(tensor("rng.cpu.rank" + std::to_string(env.rank)));
     auto meta = archive.metadata.find("state");
     if (meta == archive.metadata.end()) throw std::runtime_error(state_path + ": no \"state\" metadata");
@@ -390,7 +401,8 @@ TrainResult train(const TrainRequest& request, const TrainHooks& hooks) {
     const double elapsed_before = rs.elapsed_seconds;
     rs.elapsed_seconds = elapsed_before + seconds_since(run_start);
     safetensors::write(run_dir + "/state.safetensors", tensors,
-                       {{"format", "vit-train-state"}, {"format_version", "1"}, {"state", state_json(rs).dump()}});
+                       {{"format", "vit-train-state"}, {"format_version", "1"}, {"state", state_json(rs).dump()},
+                        {"world_size", std::to_string(env.world_size)}});
     rs.elapsed_seconds = elapsed_before;
   };
   // Writes a model file from a flat parameter buffer (the live weights or the EMA).
@@ -433,6 +445,7 @@ TrainResult train(const TrainRequest& request, const TrainHooks& hooks) {
     train_loader.start_epoch(rs.epoch, rs.step_in_epoch * tc.accum_steps);
     auto interval_start = Clock::now();
     int64_t interval_images = 0;
+    double interval_comm_s = 0.0;  // waiting for the gradient all-reduce after backward (what overlap left over)
     double last_lr = schedule.lr_at(rs.global_step);
     while (rs.step_in_epoch < steps_per_epoch) {
       if (tc.max_steps > 0 && rs.global_step >= tc.max_steps) {
@@ -461,9 +474,17 @@ TrainResult train(const TrainRequest& request, const TrainHooks& hooks) {
                                    " is untouched (try a lower train.lr or train.clip_grad)");
         }
         step_loss += value / static_cast<double>(tc.accum_steps);
+        if (micro + 1 == tc.accum_steps) reducer.arm();  // this backward completes the step's gradients
         (loss * ((fp16 ? rs.loss_scale : 1.0) / static_cast<double>(tc.accum_steps))).backward();
       }
-      all_reduce_mean(*comm, optimizer.grads());
+      const auto comm_start = Clock::now();
+      reducer.finish();
+      interval_comm_s += seconds_since(comm_start);
+      // One small all-reduce: the loss over all ranks (what one process with the global batch would log), and
+      // whether any rank was asked to stop (a signal may reach one rank only), so that all stop after this step.
+      const auto shared = sum_over_ranks(*comm, {step_loss, stop_requested() ? 1.0 : 0.0});
+      step_loss = shared[0] / env.world_size;
+      const bool stop_now = shared[1] > 0.0;
       if (fp16) optimizer.grads().div_(rs.loss_scale);
       const double grad_norm = optimizer.clip_grad_norm(tc.clip_grad);
       const double lr = schedule.lr_at(rs.global_step);
@@ -503,6 +524,7 @@ TrainResult train(const TrainRequest& request, const TrainHooks& hooks) {
                   {"lr", lr},                 {"grad_norm", grad_norm},    {"img_per_s", interval_images / interval_s},
                   {"time_s", rs.elapsed_seconds + seconds_since(run_start)}};
         if (fp16) line["loss_scale"] = rs.loss_scale;
+        if (env.world_size > 1) line["comm_ms"] = 1000.0 * interval_comm_s * images_per_step / interval_images;
         metrics << line.dump() << "\n";
         metrics.flush();
         if (!progress.tty()) {
@@ -515,12 +537,13 @@ TrainResult train(const TrainRequest& request, const TrainHooks& hooks) {
         }
         interval_start = Clock::now();
         interval_images = 0;
+        interval_comm_s = 0.0;
       }
       if (tc.checkpoint_interval > 0 && rs.global_step % tc.checkpoint_interval == 0 &&
           rs.step_in_epoch < steps_per_epoch) {
         save_state();
       }
-      if (stop_requested()) {
+      if (stop_now) {
         save_state();
         progress.end_line();
         throw TrainingInterrupted("stopped at step " + std::to_string(rs.global_step) +

@@ -1,0 +1,204 @@
+// The command line end to end: timm parity through `vit predict --json`, preprocessing parity on the reference
+// PNGs, `vit info`, and bad inputs (each a clear one-line error naming the file and a non-zero exit status).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "data/image.h"
+#include "image/decode.h"
+#include "io/safetensors.h"
+#include "test_util.h"
+
+namespace vit {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::data_path;
+
+const std::string kWeights = "'" + data_path("tiny32/weights.safetensors") + "'";
+const std::string kConfig = "'" + data_path("tiny32/config.json") + "'";
+
+TEST(CliParity, PreprocessingEqualsTimmWithin1e6) {
+  const auto expected = safetensors::read(data_path("tiny32/expected_tensors.safetensors"));
+  const auto config = load_config(data_path("tiny32/config.json"));
+  for (const std::string stem : {"synthetic", "chelsea"}) {
+    const auto image = decode_image(data_path("tiny32/" + stem + ".png"));
+    const auto input = preprocess(image, config.data.preprocess, 32, 32, 3);
+    const double diff = test::max_abs_diff(input, expected.tensor(stem + "/input"));
+    std::cout << stem << ": preprocessing max |d| " << diff << "\n";
+    EXPECT_LE(diff, 1e-6) << stem;
+  }
+}
+
+TEST(CliParity, PredictJsonMatchesTimmLogitsAndTop5) {
+  const auto result = test::run_vit("predict --json --topk 5 --threads 1 --checkpoint " + kWeights + " --config " +
+                                    kConfig + " '" + data_path("tiny32/synthetic.png") + "' '" +
+                                    data_path("tiny32/chelsea.png") + "'");
+  ASSERT_EQ(result.status, 0) << result.errors;
+  const json out = json::parse(result.output);
+  const json reference = json::parse(std::ifstream(data_path("tiny32/expected.json")));
+  ASSERT_EQ(out.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& expected = reference["images"][i];
+    const auto& got = out[i];
+    EXPECT_NE(got["image"].get<std::string>().find(expected["file"].get<std::string>()), std::string::npos);
+    double logit_diff = 0, prob_diff = 0;
+    for (size_t k = 0; k < 10; ++k) {
+      logit_diff = std::max(logit_diff, std::abs(got["logits"][k].get<double>() - expected["logits"][k].get<double>()));
+    }
+    std::vector<int64_t> top;
+    for (const auto& entry : got["topk"]) {
+      top.push_back(entry["index"].get<int64_t>());
+      prob_diff = std::max(prob_diff, std::abs(entry["prob"].get<double>() -
+                                               expected["probs"][entry["index"].get<size_t>()].get<double>()));
+    }
+    std::cout << expected["file"] << ": logits max |d| " << logit_diff << ", probs max |d| " << prob_diff << "\n";
+    EXPECT_LE(logit_diff, 1e-4);
+    EXPECT_LE(prob_diff, 1e-5);
+    auto expected_top = expected["top5"].get<std::vector<int64_t>>();
+    if (expected["file"] == "chelsea.png" && top[2] == expected_top[3] && top[3] == expected_top[2]) {
+      std::swap(top[2], top[3]);  // ranks 2 and 3 are 1.1e-4 apart: a swap is acceptable
+    }
+    EXPECT_EQ(top, expected_top);
+  }
+}
+
+TEST(CliInfo, PresetParameterCountsAndGmacs) {
+  test::TempDir dir;
+  std::ofstream(dir.file("b.json")) << R"({"model": {"preset": "vit_base_patch16_224"}})";
+  const auto result = test::run_vit("info --json --config '" + dir.file("b.json") + "'");
+  ASSERT_EQ(result.status, 0) << result.errors;
+  const json info = json::parse(result.output);
+  EXPECT_EQ(info["parameters"].get<int64_t>(), 86567656);
+  EXPECT_NEAR(info["gmacs"].get<double>(), 17.57, 0.01);
+  const auto table = test::run_vit("info --checkpoint " + kWeights + " --config " + kConfig);
+  EXPECT_EQ(table.status, 0) << table.errors;
+  EXPECT_NE(table.output.find("parameters  150346"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("blocks.1.mlp.fc2"), std::string::npos);
+}
+
+class CliBadImages : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::ofstream(dir.file("empty.jpg"));
+    std::ofstream(dir.file("text.jpg")) << "this is not a JPEG\n";
+    const std::string png = test::data_path("tiny32/chelsea.png");
+    std::ifstream in(png, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(dir.file("truncated.png"), std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+    fs::copy_file(png, dir.file("good.png"));
+  }
+  test::TempDir dir;
+};
+
+TEST_F(CliBadImages, EachGetsAnErrorEntryOthersAreStillClassified) {
+  const auto result = test::run_vit("predict --json --checkpoint " + kWeights + " --config " + kConfig + " '" +
+                                    dir.path() + "'");
+  EXPECT_EQ(result.status, 3) << result.errors;
+  const json out = json::parse(result.output);
+  ASSERT_EQ(out.size(), 4u);
+  int errors = 0, classified = 0;
+  for (const auto& entry : out) {
+    if (entry.contains("error")) {
+      ++errors;
+      const std::string message = entry["error"];
+      EXPECT_EQ(message.find('\n'), std::string::npos);
+      EXPECT_EQ(message.rfind(entry["image"].get<std::string>(), 0), 0u) << message;  // starts with the path
+    } else {
+      ++classified;
+      EXPECT_NE(entry["image"].get<std::string>().find("good.png"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(errors, 3);
+  EXPECT_EQ(classified, 1);
+  EXPECT_NE(result.errors.find("empty.jpg"), std::string::npos);
+  EXPECT_NE(result.errors.find("truncated.png"), std::string::npos);
+  EXPECT_NE(result.errors.find("text.jpg"), std::string::npos);
+}
+
+class CliBadFiles : public ::testing::Test {
+ protected:
+  test::TempDir dir;
+  std::string write(const std::string& name, const std::string& bytes) {
+    std::ofstream(dir.file(name), std::ios::binary) << bytes;
+    return dir.file(name);
+  }
+  test::CommandResult predict_with(const std::string& model) {
+    return test::run_vit("predict --checkpoint '" + model + "' --config " + kConfig + " '" +
+                         data_path("tiny32/chelsea.png") + "'");
+  }
+  static std::string reference_bytes() {
+    std::ifstream in(data_path("tiny32/weights.safetensors"), std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+};
+
+TEST_F(CliBadFiles, TruncatedSafetensors) {
+  const auto bytes = reference_bytes();
+  const auto path = write("truncated.safetensors", bytes.substr(0, bytes.size() - 1000));
+  const auto result = predict_with(path);
+  EXPECT_EQ(result.status, 1);
+  EXPECT_NE(result.errors.find(path + ":"), std::string::npos) << result.errors;
+}
+
+TEST_F(CliBadFiles, HeaderLengthBeyondFile) {
+  auto bytes = reference_bytes();
+  const uint64_t huge = bytes.size() + 100;
+  std::memcpy(bytes.data(), &huge, 8);
+  const auto path = write("header.safetensors", bytes);
+  const auto result = predict_with(path);
+  EXPECT_EQ(result.status, 1);
+  EXPECT_NE(result.errors.find(path + ": header length"), std::string::npos) << result.errors;
+}
+
+TEST_F(CliBadFiles, OffsetsOutOfRange) {
+  auto bytes = reference_bytes();
+  uint64_t header_length = 0;
+  std::memcpy(&header_length, bytes.data(), 8);
+  std::string header = bytes.substr(8, header_length);
+  auto j = json::parse(header);
+  auto& offsets = j["head.bias"]["data_offsets"];
+  offsets[1] = offsets[1].get<uint64_t>() + 10000000;
+  std::string patched = j.dump();
+  patched.resize(((patched.size() + 7) / 8) * 8, ' ');
+  const uint64_t new_length = patched.size();
+  std::string out(reinterpret_cast<const char*>(&new_length), 8);
+  out += patched + bytes.substr(8 + header_length);
+  const auto path = write("offsets.safetensors", out);
+  const auto result = predict_with(path);
+  EXPECT_EQ(result.status, 1);
+  EXPECT_NE(result.errors.find(path + ":"), std::string::npos) << result.errors;
+  EXPECT_NE(result.errors.find("head.bias"), std::string::npos) << result.errors;
+}
+
+TEST_F(CliBadFiles, UnknownConfigKeyAndWrongType) {
+  const auto unknown = write("unknown.json", R"({"model": {"dpeth": 3}})");
+  auto result = test::run_vit("info --config '" + unknown + "'");
+  EXPECT_EQ(result.status, 2);
+  EXPECT_NE(result.errors.find(unknown + ": model.dpeth: unknown key"), std::string::npos) << result.errors;
+  const auto wrong = write("wrong.json", R"({"model": {"depth": "six"}})");
+  result = test::run_vit("info --config '" + wrong + "'");
+  EXPECT_EQ(result.status, 2);
+  EXPECT_NE(result.errors.find(wrong + ": model.depth: \"six\" is not an integer"), std::string::npos)
+      << result.errors;
+  result = test::run_vit("info --config " + kConfig + " --set model.num_heads=5");
+  EXPECT_EQ(result.status, 2);
+  EXPECT_NE(result.errors.find("model.num_heads: 5 does not divide embed_dim 64"), std::string::npos)
+      << result.errors;
+}
+
+TEST_F(CliBadFiles, MissingCheckpointAndBadFlags) {
+  auto result = test::run_vit("predict --checkpoint '" + dir.file("nope.safetensors") + "' x.png");
+  EXPECT_EQ(result.status, 2);
+  result = test::run_vit("predict --topk 0 --checkpoint " + kWeights + " x.png");
+  EXPECT_EQ(result.status, 2);
+  result = test::run_vit("frobnicate");
+  EXPECT_EQ(result.status, 2);
+}
+
+}  // namespace
+}  // namespace vit

@@ -1,0 +1,251 @@
+// Model behaviour: presets, masks, position-embedding resampling, rectangular inputs, relative bias, LayerScale,
+// head ablation, clear size errors, and model files that round-trip bit-identically.
+#include <gtest/gtest.h>
+
+#include "config/config.h"
+#include "io/model_file.h"
+#include "io/safetensors.h"
+#include "model/flops.h"
+#include "model/vit.h"
+#include "test_util.h"
+
+namespace vit {
+namespace {
+
+ModelConfig tiny(int64_t img = 32, int64_t patch = 8) {
+  ModelConfig m;
+  m.img_h = m.img_w = img;
+  m.patch_size = patch;
+  m.in_chans = 3;
+  m.num_classes = 5;
+  m.embed_dim = 32;
+  m.depth = 2;
+  m.num_heads = 4;
+  m.mlp_ratio = 2.0;
+  return m;
+}
+
+TEST(ModelPresets, ParameterCountsEqualTimm) {
+  torch::NoGradGuard no_grad;
+  const std::vector<std::pair<std::string, int64_t>> expected{{"vit_tiny_patch16_224", 5717416},
+                                                              {"vit_small_patch16_224", 22050664},
+                                                              {"vit_base_patch16_224", 86567656}};
+  for (const auto& [name, count] : expected) {
+    VisionTransformer net(model_preset(name));
+    EXPECT_EQ(count_parameters(*net), count) << name;
+  }
+  // ViT-B/16 forward: timm reports 17.6 GMACs.
+  EXPECT_NEAR(static_cast<double>(forward_macs(model_preset("vit_base_patch16_224"))) / 1e9, 17.57, 0.01);
+}
+
+TEST(ModelNames, StateDictKeysAreTimms) {
+  auto config = tiny();
+  config.init_values = 1e-5;
+  VisionTransformer net(config);
+  std::set<std::string> keys;
+  for (const auto& p : net->named_parameters()) keys.insert(p.key());
+  for (const char* key : {"cls_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias",
+                          "blocks.0.norm1.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias",
+                          "blocks.0.attn.proj.weight", "blocks.0.ls1.gamma", "blocks.0.norm2.bias",
+                          "blocks.1.mlp.fc1.weight", "blocks.1.mlp.fc2.bias", "blocks.1.ls2.gamma", "norm.weight",
+                          "head.weight", "head.bias"}) {
+    EXPECT_TRUE(keys.count(key)) << key;
+  }
+  config.global_pool = "avg";
+  VisionTransformer pooled(config);
+  std::set<std::string> pooled_keys;
+  for (const auto& p : pooled->named_parameters()) pooled_keys.insert(p.key());
+  EXPECT_TRUE(pooled_keys.count("fc_norm.weight"));
+  EXPECT_FALSE(pooled_keys.count("norm.weight"));
+}
+
+TEST(ModelInit, FollowsTimmDefaults) {
+  torch::manual_seed(0);
+  VisionTransformer net(model_preset("vit_small_patch16_224"));
+  auto qkv = net->blocks[0]->as<Block>()->attn->qkv;
+  EXPECT_NEAR(qkv->weight.std().item<double>(), 0.02, 0.001);
+  EXPECT_EQ(qkv->bias.abs().max().item<double>(), 0.0);
+  EXPECT_NEAR(net->pos_embed.std().item<double>(), 0.02, 0.002);
+  EXPECT_LT(net->cls_token.abs().max().item<double>(), 1e-4);
+  EXPECT_EQ(net->norm->weight.min().item<double>(), 1.0);
+}
+
+TEST(ModelMasks, CausalMaskMakesTokenIndependentOfLaterTokens) {
+  torch::manual_seed(1);
+  torch::NoGradGuard no_grad;
+  VisionTransformer net(tiny());
+  net->eval();
+  const int64_t N = 1 + 16;
+  auto x = torch::randn({1, 3, 32, 32});
+  auto changed = x.clone();
+  changed.index_put_({0, torch::indexing::Slice(), torch::indexing::Slice(24, 32), torch::indexing::Slice(24, 32)},
+                     torch::randn({3, 8, 8}));  // only the last patch (token 16) changes
+  const auto mask = causal_mask(N);
+  const auto a = net->forward_features(x, mask), b = net->forward_features(changed, mask);
+  EXPECT_LT(test::max_abs_diff(a.narrow(1, 0, 16), b.narrow(1, 0, 16)), 1e-6);  // tokens 0..15 unaffected
+  EXPECT_GT(test::max_abs_diff(a.select(1, 16), b.select(1, 16)), 1e-3);
+  // Without the mask every token sees the change.
+  EXPECT_GT(test::max_abs_diff(net->forward_features(x).select(1, 0), net->forward_features(changed).select(1, 0)),
+            1e-4);
+}
+
+TEST(ModelMasks, KeyPaddingMaskZeroesAttentionToPaddedKeys) {
+  torch::manual_seed(2);
+  torch::NoGradGuard no_grad;
+  VisionTransformer net(tiny());
+  net->eval();
+  auto keep = torch::ones({2, 17}, torch::kBool);
+  keep.index_put_({0, torch::indexing::Slice(10)}, false);
+  Capture capture;
+  capture.attention = true;
+  net->forward_features(torch::randn({2, 3, 32, 32}), key_padding_mask(keep), &capture);
+  for (const auto& probs : capture.attention_probs) {
+    EXPECT_EQ(probs[0].narrow(-1, 10, 7).abs().max().item<double>(), 0.0);
+    EXPECT_GT(probs[1].narrow(-1, 10, 7).abs().max().item<double>(), 0.0);
+    EXPECT_LT(test::max_abs_diff(probs.sum(-1), torch::ones({2, 4, 17})), 1e-5);
+  }
+}
+
+TEST(ModelPosEmbed, ResampleToSameSizeIsIdentityAndOtherSizesWork) {
+  torch::manual_seed(3);
+  VisionTransformer net(tiny());
+  EXPECT_TRUE(torch::equal(net->pos_embed_for(4, 4), net->pos_embed));
+  const auto resampled = net->pos_embed_for(6, 8);
+  EXPECT_EQ(resampled.sizes(), (std::vector<int64_t>{1, 1 + 48, 32}));
+  EXPECT_TRUE(torch::equal(resampled.select(1, 0), net->pos_embed.select(1, 0)));  // class slot kept
+  // A constant grid stays constant under bicubic resampling (a basic sanity check of the layout).
+  auto constant = torch::ones({1, 17, 3});
+  EXPECT_LT(test::max_abs_diff(resample_pos_embed(constant, 4, 4, 7, 5, 1), torch::ones({1, 36, 3})), 1e-5);
+}
+
+TEST(ModelInput, RectangularAndOtherSizes) {
+  torch::manual_seed(4);
+  torch::NoGradGuard no_grad;
+  auto config = tiny();
+  config.img_h = 32, config.img_w = 48;
+  VisionTransformer net(config);
+  net->eval();
+  Capture capture;
+  capture.attention = true;
+  auto logits = net->forward_head(net->forward_features(torch::randn({2, 3, 32, 48}), {}, &capture));
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{2, 5}));
+  EXPECT_EQ(capture.attention_probs[0].sizes(), (std::vector<int64_t>{2, 4, 25, 25}));
+  EXPECT_EQ(net->forward(torch::randn({1, 3, 64, 24})).sizes(), (std::vector<int64_t>{1, 5}));  // resampled grid
+}
+
+TEST(ModelInput, BadSizesNameBothSizes) {
+  VisionTransformer net(tiny());
+  try {
+    net->forward(torch::randn({1, 3, 30, 32}));
+    FAIL() << "a 30x32 input was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "cannot forward 30x32: not divisible by patch 8 (model trained at 32x32)");
+  }
+  EXPECT_THROW(net->forward(torch::randn({1, 1, 32, 32})), std::invalid_argument);
+}
+
+TEST(ModelRelativeBias, ChangesAttentionAndTrains) {
+  torch::manual_seed(5);
+  auto config = tiny();
+  config.rel_pos_bias = true;
+  VisionTransformer net(config);
+  auto attn = net->blocks[0]->as<Block>()->attn;
+  ASSERT_TRUE(attn->relative_position_bias_table.defined());
+  EXPECT_EQ(attn->relative_position_bias_table.sizes(), (std::vector<int64_t>{7 * 7 + 3, 4}));
+  // Index: same offset -> same entry; the class token has its own entries.
+  const auto index = relative_position_index(4, 4, 4, 4, true);
+  EXPECT_EQ(index[1][2].item<int64_t>(), index[5][6].item<int64_t>());  // both (0, -1)
+  EXPECT_EQ(index[0][3].item<int64_t>(), 49);
+  EXPECT_EQ(index[3][0].item<int64_t>(), 50);
+  EXPECT_EQ(index[0][0].item<int64_t>(), 51);
+  auto x = torch::randn({1, 3, 32, 32});
+  Capture before, after;
+  before.attention = after.attention = true;
+  net->eval();
+  net->forward_features(x, {}, &before);
+  {
+    torch::NoGradGuard no_grad;
+    attn->relative_position_bias_table.normal_(0, 1);
+  }
+  net->forward_features(x, {}, &after);
+  EXPECT_GT(test::max_abs_diff(before.attention_probs[0], after.attention_probs[0]), 1e-3);
+  net->train();
+  net->forward(x).sum().backward();
+  EXPECT_GT(attn->relative_position_bias_table.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(net->forward(torch::randn({1, 3, 48, 40})).size(1), 5);  // other grids clip offsets
+}
+
+TEST(ModelHeadMask, ZeroesHeadOutputsAndRestores) {
+  torch::manual_seed(6);
+  torch::NoGradGuard no_grad;
+  VisionTransformer net(tiny());
+  net->eval();
+  auto x = torch::randn({1, 3, 32, 32});
+  const auto base = net->forward(x);
+  net->set_head_mask(1, {0, 3});
+  const auto masked = net->forward(x);
+  EXPECT_GT(test::max_abs_diff(base, masked), 1e-5);
+  // Masking all heads of a block equals removing its attention branch: zero projection input.
+  net->set_head_mask(1, {});
+  EXPECT_TRUE(torch::equal(net->forward(x), base));
+  EXPECT_THROW(net->set_head_mask(2, {0}), std::invalid_argument);
+  EXPECT_THROW(net->set_head_mask(0, {4}), std::invalid_argument);
+}
+
+TEST(ModelDropout, TrainModeIsStochasticEvalModeIsNot) {
+  auto config = tiny();
+  config.drop_path_rate = 0.5;
+  config.attn_drop_rate = 0.2;
+  VisionTransformer net(config);
+  auto x = torch::randn({2, 3, 32, 32});
+  net->train();
+  EXPECT_GT(test::max_abs_diff(net->forward(x), net->forward(x)), 1e-6);
+  net->eval();
+  EXPECT_TRUE(torch::equal(net->forward(x), net->forward(x)));
+}
+
+TEST(ModelFile, RoundTripIsBitIdenticalWithMetadata) {
+  test::TempDir dir;
+  torch::manual_seed(7);
+  auto config = tiny();
+  config.img_h = 32, config.img_w = 40;
+  config.rel_pos_bias = true;
+  VisionTransformer net(config);
+  Preprocess preprocess;
+  preprocess.mean = {0.1, 0.2, 0.3};
+  preprocess.crop_pct = 0.875;
+  const std::vector<std::string> names{"a", "b", "c", "d", "e"};
+  save_model(dir.file("m.safetensors"), net, preprocess, names);
+  auto loaded = load_model(dir.file("m.safetensors"));
+  EXPECT_TRUE(loaded.has_metadata);
+  EXPECT_EQ(to_json(loaded.model), to_json(config));
+  EXPECT_EQ(to_json(loaded.preprocess), to_json(preprocess));
+  EXPECT_EQ(loaded.class_names, names);
+  auto original = net->named_parameters();
+  for (const auto& p : loaded.net->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), original[p.key()])) << p.key();
+  // The same bytes when written again: nothing drifts through a save/load cycle.
+  save_model(dir.file("again.safetensors"), loaded.net, loaded.preprocess, loaded.class_names);
+  const auto a = safetensors::read(dir.file("m.safetensors")), b = safetensors::read(dir.file("again.safetensors"));
+  EXPECT_EQ(a.bytes, b.bytes);
+  // timm layout: only timm names, float32.
+  for (const auto& info : a.tensors) EXPECT_EQ(info.dtype, safetensors::DType::F32) << info.name;
+}
+
+TEST(ModelFile, FinetuneAdaptsHeadAndPositionEmbedding) {
+  test::TempDir dir;
+  torch::manual_seed(8);
+  VisionTransformer source(tiny());
+  save_model(dir.file("m.safetensors"), source, Preprocess{}, numbered_classes(5));
+  auto target_config = tiny(48);
+  target_config.num_classes = 3;
+  VisionTransformer target(target_config);
+  const auto notes = load_for_finetune(dir.file("m.safetensors"), target);
+  EXPECT_EQ(notes.size(), 2u);
+  EXPECT_TRUE(torch::equal(target->blocks[1]->as<Block>()->mlp->fc1->weight,
+                           source->blocks[1]->as<Block>()->mlp->fc1->weight));
+  EXPECT_EQ(target->pos_embed.size(1), 1 + 36);
+  EXPECT_TRUE(torch::equal(target->pos_embed.select(1, 0), source->pos_embed.select(1, 0)));
+}
+
+}  // namespace
+}  // namespace vit

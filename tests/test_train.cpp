@@ -1,0 +1,326 @@
+// Training: schedule, AdamW groups and arithmetic, accumulation, overfitting a batch, and through the `vit` binary:
+// run directory contents, exact resume after a graceful stop and after SIGKILL, divergence errors.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "io/model_file.h"
+#include "io/safetensors.h"
+#include "model/vit.h"
+#include "test_util.h"
+#include "train/optimizer.h"
+#include "train/schedule.h"
+#include "train/trainer.h"
+
+namespace vit {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+ModelConfig tiny_model() {
+  ModelConfig m;
+  m.img_h = m.img_w = 16;
+  m.patch_size = 4;
+  m.in_chans = 1;
+  m.num_classes = 4;
+  m.embed_dim = 32;
+  m.depth = 2;
+  m.num_heads = 2;
+  m.mlp_ratio = 2.0;
+  return m;
+}
+
+// A learnable MNIST-format dataset: class k has a bright 4x4 square in quadrant k and background level 20 + 30k,
+// plus noise (the brightness makes it learnable in a few steps; the square needs position embeddings).
+void write_idx_dataset(const std::string& dir, int train_count, int test_count) {
+  fs::create_directories(dir);
+  auto write = [&](const std::string& prefix, int count, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::string images, labels;
+    auto be32 = [](std::string& s, uint32_t v) {
+      for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>((v >> shift) & 0xFF));
+    };
+    be32(images, 0x803), be32(images, count), be32(images, 16), be32(images, 16);
+    be32(labels, 0x801), be32(labels, count);
+    for (int i = 0; i < count; ++i) {
+      const int label = static_cast<int>(rng() % 4);
+      labels.push_back(static_cast<char>(label));
+      for (int y = 0; y < 16; ++y) {
+        for (int x = 0; x < 16; ++x) {
+          const bool in_square = (y / 8) * 2 + (x / 8) == label && (y % 8) >= 2 && (y % 8) < 6 && (x % 8) >= 2 &&
+                                 (x % 8) < 6;
+          images.push_back(static_cast<char>((in_square ? 200 : 20 + 30 * label) + rng() % 40));
+        }
+      }
+    }
+    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
+    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
+  };
+  write("train", train_count, 1);
+  write("t10k", test_count, 2);
+}
+
+// A config file for the tiny dataset; `train` entries override the defaults below.
+std::string write_config(const std::string& dir, const std::string& data_root, const json& train_overrides = json::object()) {
+  json train{{"epochs", 3},        {"batch_size", 16},        {"lr", 2e-3},          {"warmup_steps", 5},
+             {"min_lr", 1e-5},     {"label_smoothing", 0.1},  {"log_interval", 5},   {"checkpoint_interval", 7},
+             {"threads", 2},       {"seed", 7},               {"output_root", dir + "/runs"}};
+  train.update(train_overrides);
+  json doc{{"model", to_json(tiny_model())},
+           {"data", {{"format", "mnist"}, {"root", data_root}, {"mean", {0.5}}, {"std", {0.5}}, {"num_workers", 2}}},
+           {"train", train}};
+  doc["model"]["attn_drop_rate"] = 0.1;  // dropout makes exact resume depend on the saved RNG state
+  doc["model"]["drop_path_rate"] = 0.1;
+  const std::string path = dir + "/config.json";
+  std::ofstream(path) << doc.dump(2);
+  return path;
+}
+
+TEST(TrainSchedule, WarmupThenCosine) {
+  TrainConfig t;
+  t.lr = 1e-3, t.min_lr = 1e-5, t.warmup_lr = 1e-6, t.warmup_steps = 10, t.epochs = 2;
+  const auto s = make_schedule(t, 55);
+  EXPECT_EQ(s.total_steps, 110);
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 1e-6);
+  EXPECT_NEAR(s.lr_at(5), 1e-6 + (1e-3 - 1e-6) * 0.5, 1e-15);
+  EXPECT_DOUBLE_EQ(s.lr_at(10), 1e-3);
+  EXPECT_NEAR(s.lr_at(60), (1e-3 + 1e-5) / 2, 1e-12);  // halfway through the cosine
+  EXPECT_DOUBLE_EQ(s.lr_at(110), 1e-5);
+  t.warmup_steps = 0, t.warmup_epochs = 0.5;
+  EXPECT_EQ(make_schedule(t, 55).warmup_steps, 28);
+}
+
+TEST(TrainOptimizer, NoWeightDecayGroupAndAdamWArithmetic) {
+  torch::manual_seed(0);
+  VisionTransformer ours(tiny_model()), reference(tiny_model());
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : reference->named_parameters()) p.value().copy_(ours->named_parameters()[p.key()]);
+  }
+  TrainConfig t;
+  t.weight_decay = 0.05;
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& p : ours->named_parameters()) named.emplace_back(p.key(), p.value());
+  FlatAdamW optimizer(named, t);
+  int64_t decayed = 0;
+  for (const auto& [name, p] : named) {
+    if (!no_weight_decay(name, p)) decayed += p.numel();
+    const bool expect_no_decay = p.dim() == 1 || name == "pos_embed" || name == "cls_token";
+    EXPECT_EQ(no_weight_decay(name, p), expect_no_decay) << name;
+  }
+  EXPECT_EQ(optimizer.decay_size(), decayed);
+
+  // torch::optim::AdamW with the same two groups is the reference.
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : reference->named_parameters()) {
+    (no_weight_decay(p.key(), p.value()) ? no_decay : decay).push_back(p.value());
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.05)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.0)));
+  torch::optim::AdamW adamw(groups, torch::optim::AdamWOptions(1e-2));
+  auto x = torch::randn({8, 1, 16, 16});
+  auto y = torch::randint(0, 4, {8});
+  for (int step = 0; step < 3; ++step) {
+    optimizer.zero_grad();
+    classification_loss(ours->forward(x), y, {}, 0.1).backward();
+    optimizer.step(1e-2);
+    adamw.zero_grad();
+    classification_loss(reference->forward(x), y, {}, 0.1).backward();
+    adamw.step();
+  }
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& p : reference->named_parameters()) {
+    auto a = p.value(), b = ours->named_parameters()[p.key()];
+    if (p.key().find("attn.qkv.bias") != std::string::npos) {
+      // The key bias adds a constant to every logit of a row, which softmax ignores: its gradient is rounding
+      // noise that Adam normalises to full-size steps, so only the q and v parts can be compared.
+      const int64_t D = a.size(0) / 3;
+      a = torch::cat({a.narrow(0, 0, D), a.narrow(0, 2 * D, D)});
+      b = torch::cat({b.narrow(0, 0, D), b.narrow(0, 2 * D, D)});
+    }
+    const double d = test::max_abs_diff(a, b);
+    if (d > worst) worst = d, worst_name = p.key();
+  }
+  std::cout << "flat AdamW vs torch::optim::AdamW after 3 steps: max |d| " << worst << " (" << worst_name << ")\n";
+  EXPECT_LT(worst, 1e-5);
+}
+
+TEST(TrainLoss, LabelSmoothingMatchesTorchAndSoftTargets) {
+  auto logits = torch::randn({6, 5});
+  auto labels = torch::randint(0, 5, {6});
+  namespace F = torch::nn::functional;
+  auto reference = F::cross_entropy(logits, labels, F::CrossEntropyFuncOptions().label_smoothing(0.1));
+  EXPECT_NEAR(classification_loss(logits, labels, {}, 0.1).item<double>(), reference.item<double>(), 1e-6);
+  auto soft = torch::full({6, 5}, 0.02);
+  soft.scatter_(1, labels.unsqueeze(1), 0.92);
+  EXPECT_NEAR(classification_loss(logits, labels, soft, 0.0).item<double>(), reference.item<double>(), 1e-6);
+}
+
+TEST(TrainAccumulation, TwoHalfBatchesEqualOneFullBatch) {
+  torch::manual_seed(1);
+  VisionTransformer net(tiny_model());
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& p : net->named_parameters()) named.emplace_back(p.key(), p.value());
+  FlatAdamW optimizer(named, TrainConfig{});
+  auto x = torch::randn({16, 1, 16, 16});
+  auto y = torch::randint(0, 4, {16});
+  optimizer.zero_grad();
+  classification_loss(net->forward(x), y, {}, 0.1).backward();
+  const auto full = optimizer.grads().clone();
+  optimizer.zero_grad();
+  for (int half = 0; half < 2; ++half) {
+    (classification_loss(net->forward(x.narrow(0, 8 * half, 8)), y.narrow(0, 8 * half, 8), {}, 0.1) / 2.0).backward();
+  }
+  const double diff = test::max_abs_diff(full, optimizer.grads());
+  std::cout << "accumulated 2 x 8 vs batch 16 gradients: max |d| " << diff << "\n";
+  EXPECT_LT(diff, 1e-6);
+  EXPECT_GT(full.abs().max().item<double>(), 1e-4);
+}
+
+TEST(TrainOverfit, OneSmallBatchDrivesLossNearZero) {
+  torch::manual_seed(2);
+  VisionTransformer net(tiny_model());
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& p : net->named_parameters()) named.emplace_back(p.key(), p.value());
+  TrainConfig t;
+  t.weight_decay = 0.0;
+  FlatAdamW optimizer(named, t);
+  auto x = torch::randn({16, 1, 16, 16});
+  auto y = torch::randint(0, 4, {16});
+  double first = 0, last = 0;
+  for (int step = 0; step < 150; ++step) {
+    optimizer.zero_grad();
+    auto loss = classification_loss(net->forward(x), y, {}, 0.0);
+    loss.backward();
+    optimizer.clip_grad_norm(1.0);
+    optimizer.step(2e-3);
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  std::cout << "overfit: loss " << first << " -> " << last << "\n";
+  EXPECT_LT(last, 0.02);
+}
+
+TEST(TrainRun, WritesRunDirectoryAndLearns) {
+  test::TempDir dir;
+  write_idx_dataset(dir.file("data"), 512, 128);
+  const auto config = write_config(dir.path(), dir.file("data"));
+  const auto result = test::run_vit("train --config '" + config + "' --out '" + dir.file("run") + "'");
+  ASSERT_EQ(result.status, 0) << result.errors;
+  for (const char* name : {"config.json", "summary.csv", "metrics.jsonl", "last.safetensors", "best.safetensors",
+                           "state.safetensors", "curves.png"}) {
+    EXPECT_TRUE(fs::exists(dir.file("run/") + name)) << name;
+  }
+  std::ifstream summary(dir.file("run/summary.csv"));
+  std::string header, line, last;
+  std::getline(summary, header);
+  EXPECT_EQ(header, "epoch,train_loss,eval_loss,eval_top1,eval_top5,lr,epoch_seconds,img_per_s");
+  int rows = 0;
+  while (std::getline(summary, line)) last = line, ++rows;
+  EXPECT_EQ(rows, 3);
+  const double top1 = std::stod(last.substr(last.find(',', last.find(',', last.find(',') + 1) + 1) + 1));
+  EXPECT_GT(top1, 90.0) << last;  // the squares are easy to find
+  EXPECT_TRUE(fs::is_symlink(dir.file("runs/latest")) || !fs::exists(dir.file("runs/latest")));
+  const auto model = load_model(dir.file("run/best.safetensors"));
+  EXPECT_EQ(model.class_names, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}));
+}
+
+// Runs `vit train`, killing it with `signal` as soon as its first resume state exists.
+int train_and_kill(const std::string& arguments, const std::string& state_path, int signal) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string command = std::string("exec '") + VIT_BINARY + "' " + arguments + " >/dev/null 2>&1";
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait until a resume state exists and the run is some way further, then kill.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(state_path) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, signal);  // mid-epoch: the first state is written at step 5 of 64
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+class TrainResume : public ::testing::TestWithParam<int> {};
+
+TEST_P(TrainResume, ResumedRunEndsBitIdenticalToStraightRun) {
+  test::TempDir dir;
+  write_idx_dataset(dir.file("data"), 1024, 64);
+  const auto config = write_config(dir.path(), dir.file("data"), {{"epochs", 3}, {"checkpoint_interval", 5}});
+  auto straight = test::run_vit("train --config '" + config + "' --out '" + dir.file("straight") + "'");
+  ASSERT_EQ(straight.status, 0) << straight.errors;
+
+  const int signal = GetParam();
+  const std::string interrupted = dir.file("interrupted");
+  const int status = train_and_kill("train --config '" + config + "' --out '" + interrupted + "'",
+                                    interrupted + "/state.safetensors", signal);
+  if (signal == SIGKILL) {
+    EXPECT_TRUE(WIFSIGNALED(status));
+  } else {
+    EXPECT_TRUE(WIFEXITED(status) && (WEXITSTATUS(status) == 130 || WEXITSTATUS(status) == 0));
+  }
+  auto resumed = test::run_vit("train --resume '" + interrupted + "'");
+  ASSERT_EQ(resumed.status, 0) << resumed.errors;
+  const auto a = safetensors::read(dir.file("straight/last.safetensors"));
+  const auto b = safetensors::read(interrupted + "/last.safetensors");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& info : a.tensors) {
+    EXPECT_TRUE(torch::equal(a.tensor(info), b.tensor(info.name))) << info.name;
+  }
+  const auto state_a = safetensors::read(dir.file("straight/state.safetensors"));
+  const auto state_b = safetensors::read(interrupted + "/state.safetensors");
+  EXPECT_TRUE(torch::equal(state_a.tensor("optimizer.exp_avg_sq"), state_b.tensor("optimizer.exp_avg_sq")));
+  std::ifstream summary(interrupted + "/summary.csv");
+  int lines = 0;
+  for (std::string line; std::getline(summary, line);) ++lines;
+  EXPECT_EQ(lines, 4);  // header + 3 epochs, none repeated
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, TrainResume, ::testing::Values(SIGTERM, SIGKILL),
+                         [](const auto& info) { return info.param == SIGKILL ? "SIGKILL" : "SIGTERM"; });
+
+TEST(TrainErrors, NanLossStopsWithClearErrorAndKeepsCheckpoint) {
+  test::TempDir dir;
+  write_idx_dataset(dir.file("data"), 128, 32);
+  const auto config = write_config(dir.path(), dir.file("data"), {{"epochs", 1}});
+  // A model whose head is NaN: the very first loss is NaN.
+  torch::manual_seed(3);
+  auto model = tiny_model();
+  model.num_classes = 10;
+  VisionTransformer poisoned(model);
+  {
+    torch::NoGradGuard no_grad;
+    poisoned->head->weight.fill_(std::nan(""));
+  }
+  save_model(dir.file("nan.safetensors"), poisoned, Preprocess{}, numbered_classes(10));
+  auto result = test::run_vit("train --config '" + config + "' --out '" + dir.file("run") + "' --init-from '" +
+                              dir.file("nan.safetensors") + "'");
+  EXPECT_EQ(result.status, 1);
+  EXPECT_NE(result.errors.find("training diverged: loss is nan at step 1"), std::string::npos) << result.errors;
+  EXPECT_FALSE(fs::exists(dir.file("run/last.safetensors")));
+  EXPECT_FALSE(fs::exists(dir.file("run/best.safetensors")));
+}
+
+TEST(TrainErrors, BadConfigValueExitsWithUsageStatus) {
+  test::TempDir dir;
+  const auto config = write_config(dir.path(), dir.file("data"), {{"batch_size", 0}});
+  auto result = test::run_vit("train --config '" + config + "'");
+  EXPECT_EQ(result.status, 2);
+  EXPECT_NE(result.errors.find("train.batch_size: 0 must be at least 1"), std::string::npos) << result.errors;
+}
+
+}  // namespace
+}  // namespace vit

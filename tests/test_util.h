@@ -1,0 +1,35 @@
+// Shared test helpers: reference data paths, temporary directories, running the `vit` binary.
+#pragma once
+
+#include <string>
+
+#include <torch/torch.h>
+
+namespace vit::test {
+
+inline std::string data_path(const std::string& name) { return std::string(VIT_TEST_DATA) + "/" + name; }
+
+// A fresh empty directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct CommandResult {
+  int status = -1;     // exit status (or -1 when killed by a signal)
+  std::string output;  // stdout
+  std::string errors;  // stderr
+};
+// Runs `vit <arguments>` (arguments are passed to /bin/sh, quote as needed).
+CommandResult run_vit(const std::string& arguments);
+
+// max |a - b| over all elements.
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b);
+
+}  // namespace vit::test
