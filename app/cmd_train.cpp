@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "train/distributed.h"
 #include "train/trainer.h"
 #include "util/log.h"
 #include "vit/build_config.h"
@@ -56,6 +57,7 @@ int run_train(const TrainOptions& options) {
     log::warn(e.what());
     return kInterrupted;
   }
+  if (dist_env_from_environment().rank != 0) return kOk;  // rank 0 reports for the whole job
   std::printf("run directory: %s\n", result.run_dir.c_str());
   std::printf("best top-1:    %.2f%%  (final %.2f%%)\n", result.best_top1, result.final_top1);
   std::printf("wall time:     %.1f s for %lld steps\n", result.seconds, static_cast<long long>(result.steps));

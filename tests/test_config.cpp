@@ -1,6 +1,8 @@
 // Config parsing: presets with overrides, --set, and errors that name the JSON path, the value and the expectation.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
@@ -72,6 +74,23 @@ TEST(ConfigRoundTrip, ToJsonParsesBackToTheSameConfig) {
   const json twice = to_json(parse_config(once, "y"));
   EXPECT_EQ(once, twice);
   EXPECT_EQ(once["model"]["init_values"], 1e-5);
+}
+
+}  // namespace
+}  // namespace vit
+
+namespace vit {
+namespace {
+
+TEST(ConfigShipped, EveryConfigInConfigsParses) {
+  const std::string dir = std::string(VIT_TEST_DATA) + "/../../configs";
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".json") continue;
+    EXPECT_NO_THROW(load_config(entry.path().string())) << entry.path();
+    ++count;
+  }
+  EXPECT_GE(count, 5);
 }
 
 }  // namespace

@@ -67,34 +67,6 @@ int free_port() {
   return ntohs(address.sin_port);
 }
 
-// A learnable MNIST-format dataset of 16x16 images: class k (of 4) has a bright square in quadrant k, plus noise.
-void write_idx_dataset(const std::string& dir, int train_count, int test_count) {
-  fs::create_directories(dir);
-  auto write = [&](const std::string& prefix, int count, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::string images, labels;
-    auto be32 = [](std::string& s, uint32_t v) {
-      for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>((v >> shift) & 0xFF));
-    };
-    be32(images, 0x803), be32(images, count), be32(images, 16), be32(images, 16);
-    be32(labels, 0x801), be32(labels, count);
-    for (int i = 0; i < count; ++i) {
-      const int label = static_cast<int>(rng() % 4);
-      labels.push_back(static_cast<char>(label));
-      for (int y = 0; y < 16; ++y) {
-        for (int x = 0; x < 16; ++x) {
-          const bool in_square = (y / 8) * 2 + (x / 8) == label && y % 8 >= 2 && y % 8 < 6 && x % 8 >= 2 && x % 8 < 6;
-          images.push_back(static_cast<char>((in_square ? 180 : 20) + rng() % 60));
-        }
-      }
-    }
-    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
-    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
-  };
-  write("train", train_count, 1);
-  write("t10k", test_count, 2);
-}
-
 ModelConfig tiny_model() {
   ModelConfig m;
   m.img_h = m.img_w = 16;
@@ -464,7 +436,7 @@ TEST(DistShard, EveryEpochCoversEachSampleOnceAcrossRanks) {
 TEST(DistTrain, TwoRanksOfBatch8MatchOneRankOfBatch16AndOnlyRank0Writes) {
   SKIP_WITHOUT_C10D();
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 256, 64);
+  test::write_idx_dataset(dir.file("data"), 256, 64);
   const json common{{"epochs", 1}, {"max_steps", 12}, {"checkpoint_interval", 0}, {"lr", 1e-3}};
   json one_rank = common, two_ranks = common;
   one_rank["batch_size"] = 16;
@@ -520,7 +492,7 @@ TEST(DistTrain, TwoRanksOfBatch8MatchOneRankOfBatch16AndOnlyRank0Writes) {
 TEST(DistTrain, SigtermToOneRankStopsBothAtOneStepAndResumeIsExact) {
   SKIP_WITHOUT_C10D();
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 512, 64);
+  test::write_idx_dataset(dir.file("data"), 512, 64);
   // Dropout on: exact resume needs every rank's own RNG stream back.
   const auto config = write_config(dir.file("config.json"), dir.file("data"), {{"epochs", 2}}, /*dropout=*/true);
   const std::vector<std::string> launch{"launch", "--nproc", "2", "--"};
@@ -577,7 +549,7 @@ TEST(DistTrain, SigtermToOneRankStopsBothAtOneStepAndResumeIsExact) {
 TEST(DistFailure, KilledRankMakesTheOtherExitWithAMessageAndResumeContinues) {
   SKIP_WITHOUT_C10D();
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 1024, 64);
+  test::write_idx_dataset(dir.file("data"), 1024, 64);
   const auto config = write_config(dir.file("config.json"), dir.file("data"), {{"epochs", 3}}, false);
   const int port = free_port();
   VitProcess rank0({"train", "--config", config, "--out", dir.file("run")}, rank_environment(0, 2, port), dir.path(),
@@ -610,7 +582,7 @@ TEST(DistFailure, KilledRankMakesTheOtherExitWithAMessageAndResumeContinues) {
 TEST(DistFailure, StoppedRankTimesOutInsteadOfHanging) {
   SKIP_WITHOUT_C10D();
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 1024, 64);
+  test::write_idx_dataset(dir.file("data"), 1024, 64);
   const auto config =
       write_config(dir.file("config.json"), dir.file("data"), {{"epochs", 3}, {"dist_timeout_s", 5}}, false);
   const int port = free_port();
@@ -633,7 +605,7 @@ TEST(DistFailure, StoppedRankTimesOutInsteadOfHanging) {
 TEST(DistFailure, MissingRankFailsTheRendezvousWithinTheTimeout) {
   SKIP_WITHOUT_C10D();
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 64, 16);
+  test::write_idx_dataset(dir.file("data"), 64, 16);
   const auto config = write_config(dir.file("config.json"), dir.file("data"), {{"dist_timeout_s", 3}}, false);
   const auto start = Clock::now();
   VitProcess rank0({"train", "--config", config, "--out", dir.file("run")}, rank_environment(0, 2, free_port()),
@@ -670,7 +642,7 @@ TEST(LaunchCli, PrefixesEachRanksLinesAndSetsTheEnvironment) {
 TEST(LaunchSignals, DeadRankStopsTheOthersAndFailsTheLaunch) {
   SKIP_WITHOUT_C10D();
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 1024, 64);
+  test::write_idx_dataset(dir.file("data"), 1024, 64);
   const auto config = write_config(dir.file("config.json"), dir.file("data"), {{"epochs", 3}}, false);
   VitProcess launch({"launch", "--nproc", "2", "--grace", "20", "--", "train", "--config", config, "--out",
                      dir.file("run")},
@@ -690,7 +662,7 @@ TEST(LaunchSignals, DeadRankStopsTheOthersAndFailsTheLaunch) {
 TEST(LaunchSignals, SigtermToTheLauncherStopsEveryRankCleanly) {
   SKIP_WITHOUT_C10D();
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 1024, 64);
+  test::write_idx_dataset(dir.file("data"), 1024, 64);
   const auto config = write_config(dir.file("config.json"), dir.file("data"), {{"epochs", 3}}, false);
   VitProcess launch({"launch", "--nproc", "2", "--", "train", "--config", config, "--out", dir.file("run")}, {},
                     dir.path(), dir.file("launch"));
@@ -706,7 +678,7 @@ TEST(LaunchSignals, SigtermToTheLauncherStopsEveryRankCleanly) {
 TEST(LaunchSignals, RanksThatDoNotStopAreKilledAfterTheGracePeriod) {
   SKIP_WITHOUT_C10D();
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 1024, 64);
+  test::write_idx_dataset(dir.file("data"), 1024, 64);
   const auto config = write_config(dir.file("config.json"), dir.file("data"), {{"epochs", 3}}, false);
   VitProcess launch({"launch", "--nproc", "2", "--grace", "2", "--", "train", "--config", config, "--out",
                      dir.file("run")},
@@ -768,7 +740,7 @@ TEST(DistNetns, RanksOnTwoHostsReachEachOtherOnlyThroughTheLink) {
   if (!hosts.error().empty()) GTEST_SKIP() << "network namespaces unavailable here: " << hosts.error();
 
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 256, 64);
+  test::write_idx_dataset(dir.file("data"), 256, 64);
   const auto config = write_config(dir.file("config.json"), dir.file("data"), {{"epochs", 1}, {"max_steps", 6}}, false);
   // `ip netns exec NS vit ...`: the rank sees only its namespace's interfaces (lo and one end of the link).
   auto run_in = [&](const std::string& ns, int rank) {

@@ -39,36 +39,6 @@ ModelConfig tiny_model() {
   return m;
 }
 
-// A learnable MNIST-format dataset: class k has a bright 4x4 square in quadrant k and background level 20 + 30k,
-// plus noise (the brightness makes it learnable in a few steps; the square needs position embeddings).
-void write_idx_dataset(const std::string& dir, int train_count, int test_count) {
-  fs::create_directories(dir);
-  auto write = [&](const std::string& prefix, int count, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::string images, labels;
-    auto be32 = [](std::string& s, uint32_t v) {
-      for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>((v >> shift) & 0xFF));
-    };
-    be32(images, 0x803), be32(images, count), be32(images, 16), be32(images, 16);
-    be32(labels, 0x801), be32(labels, count);
-    for (int i = 0; i < count; ++i) {
-      const int label = static_cast<int>(rng() % 4);
-      labels.push_back(static_cast<char>(label));
-      for (int y = 0; y < 16; ++y) {
-        for (int x = 0; x < 16; ++x) {
-          const bool in_square = (y / 8) * 2 + (x / 8) == label && (y % 8) >= 2 && (y % 8) < 6 && (x % 8) >= 2 &&
-                                 (x % 8) < 6;
-          images.push_back(static_cast<char>((in_square ? 200 : 20 + 30 * label) + rng() % 40));
-        }
-      }
-    }
-    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
-    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
-  };
-  write("train", train_count, 1);
-  write("t10k", test_count, 2);
-}
-
 // A config file for the tiny dataset; `train` entries override the defaults below.
 std::string write_config(const std::string& dir, const std::string& data_root, const json& train_overrides = json::object()) {
   json train{{"epochs", 3},        {"batch_size", 16},        {"lr", 2e-3},          {"warmup_steps", 5},
@@ -213,12 +183,12 @@ TEST(TrainOverfit, OneSmallBatchDrivesLossNearZero) {
 
 TEST(TrainRun, WritesRunDirectoryAndLearns) {
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 512, 128);
-  const auto config = write_config(dir.path(), dir.file("data"));
+  test::write_idx_dataset(dir.file("data"), 512, 128);
+  const auto config = write_config(dir.path(), dir.file("data"), {{"ema_decay", 0.9}});
   const auto result = test::run_vit("train --config '" + config + "' --out '" + dir.file("run") + "'");
   ASSERT_EQ(result.status, 0) << result.errors;
   for (const char* name : {"config.json", "summary.csv", "metrics.jsonl", "last.safetensors", "best.safetensors",
-                           "state.safetensors", "curves.png"}) {
+                           "ema.safetensors", "state.safetensors", "curves.png"}) {
     EXPECT_TRUE(fs::exists(dir.file("run/") + name)) << name;
   }
   std::ifstream summary(dir.file("run/summary.csv"));
@@ -231,6 +201,13 @@ TEST(TrainRun, WritesRunDirectoryAndLearns) {
   const double top1 = std::stod(last.substr(last.find(',', last.find(',', last.find(',') + 1) + 1) + 1));
   EXPECT_GT(top1, 90.0) << last;  // the squares are easy to find
   EXPECT_TRUE(fs::is_symlink(dir.file("runs/latest")) || !fs::exists(dir.file("runs/latest")));
+  // The EMA lags the live weights: close to them, not equal.
+  const auto live = safetensors::read(dir.file("run/last.safetensors"));
+  const auto ema = safetensors::read(dir.file("run/ema.safetensors"));
+  const double lag = test::max_abs_diff(live.tensor("head.weight"), ema.tensor("head.weight"));
+  EXPECT_GT(lag, 0.0);
+  EXPECT_LT(lag, 0.5);
+  EXPECT_NE(result.errors.find("EMA top-1"), std::string::npos);
   const auto model = load_model(dir.file("run/best.safetensors"));
   EXPECT_EQ(model.class_names, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}));
 }
@@ -258,7 +235,7 @@ class TrainResume : public ::testing::TestWithParam<int> {};
 
 TEST_P(TrainResume, ResumedRunEndsBitIdenticalToStraightRun) {
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 1024, 64);
+  test::write_idx_dataset(dir.file("data"), 1024, 64);
   const auto config = write_config(dir.path(), dir.file("data"), {{"epochs", 3}, {"checkpoint_interval", 5}});
   auto straight = test::run_vit("train --config '" + config + "' --out '" + dir.file("straight") + "'");
   ASSERT_EQ(straight.status, 0) << straight.errors;
@@ -294,7 +271,7 @@ INSTANTIATE_TEST_SUITE_P(Signals, TrainResume, ::testing::Values(SIGTERM, SIGKIL
 
 TEST(TrainErrors, NanLossStopsWithClearErrorAndKeepsCheckpoint) {
   test::TempDir dir;
-  write_idx_dataset(dir.file("data"), 128, 32);
+  test::write_idx_dataset(dir.file("data"), 128, 32);
   const auto config = write_config(dir.path(), dir.file("data"), {{"epochs", 1}});
   // A model whose head is NaN: the very first loss is NaN.
   torch::manual_seed(3);

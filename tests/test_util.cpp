@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 
@@ -40,6 +41,34 @@ CommandResult run_vit(const std::string& arguments) {
   result.output = slurp(out);
   result.errors = slurp(err);
   return result;
+}
+
+void write_idx_dataset(const std::string& dir, int train_count, int test_count) {
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& prefix, int count, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::string images, labels;
+    auto be32 = [](std::string& s, uint32_t v) {
+      for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>((v >> shift) & 0xFF));
+    };
+    be32(images, 0x803), be32(images, count), be32(images, 16), be32(images, 16);
+    be32(labels, 0x801), be32(labels, count);
+    for (int i = 0; i < count; ++i) {
+      const int label = static_cast<int>(rng() % 4);
+      labels.push_back(static_cast<char>(label));
+      for (int y = 0; y < 16; ++y) {
+        for (int x = 0; x < 16; ++x) {
+          const bool in_square = (y / 8) * 2 + (x / 8) == label && (y % 8) >= 2 && (y % 8) < 6 && (x % 8) >= 2 &&
+                                 (x % 8) < 6;
+          images.push_back(static_cast<char>((in_square ? 200 : 20 + 30 * label) + rng() % 40));
+        }
+      }
+    }
+    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
+    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
+  };
+  write("train", train_count, 1);
+  write("t10k", test_count, 2);
 }
 
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {

@@ -29,6 +29,11 @@ struct CommandResult {
 // Runs `vit <arguments>` (arguments are passed to /bin/sh, quote as needed).
 CommandResult run_vit(const std::string& arguments);
 
+// A learnable MNIST-format dataset of 16x16 images in `dir` (train-*/t10k-* IDX files, raw): class k of 4 has a
+// bright 4x4 square in quadrant k and background level 20 + 30k, plus noise (the brightness makes it learnable in a
+// few steps; the square needs position embeddings).
+void write_idx_dataset(const std::string& dir, int train_count, int test_count);
+
 // max |a - b| over all elements.
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b);
 
