@@ -6,6 +6,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "model/cpu_kernels.h"
+
 namespace vit {
 namespace F = torch::nn::functional;
 
@@ -116,10 +118,18 @@ torch::Tensor AttentionImpl::relative_bias(std::array<int64_t, 2> grid) {
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
                                      torch::Tensor* probs_out) {
   const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
-  auto qkv_out = qkv->forward(x).reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});  // (3, B, nh, N, hd)
+  const auto fused = linear(x, qkv->weight, qkv->bias);  // (B, N, 3D)
+  const bool dropping = is_training() && attn_drop > 0.0;
+  const bool plain = !mask.defined() && !relative_position_bias_table.defined() && !dropping && !head_mask.defined();
+  if (plain && probs_out == nullptr && attention_core_applies(fused)) {
+    // CPU float32: q, k, v read in place from the fused projection, heads in parallel (model/cpu_kernels.h).
+    auto merged = linear(attention_core(fused, num_heads, scale), proj->weight, proj->bias);  // (B, N, D)
+    if (proj_drop > 0.0 && is_training()) merged = torch::dropout(merged, /*p=*/proj_drop, /*train=*/true);
+    return merged;
+  }
+  auto qkv_out = fused.reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});  // (3, B, nh, N, hd)
   auto q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];  // (B, nh, N, hd) each
   const auto bias = relative_bias(grid);                // (nh, N, N) or undefined
-  const bool dropping = is_training() && attn_drop > 0.0;
 
   torch::Tensor out;  // (B, nh, N, hd)
 #if TORCH_VERSION_MAJOR >= 2
@@ -147,7 +157,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t,
   }
   if (head_mask.defined()) out = out * head_mask.to(out.dtype()).view({1, num_heads, 1, 1});
   auto merged = out.transpose(1, 2).reshape({B, N, D});  // (B, N, D), heads concatenated
-  merged = proj->forward(merged);
+  merged = linear(merged, proj->weight, proj->bias);
   if (proj_drop > 0.0 && is_training()) merged = torch::dropout(merged, /*p=*/proj_drop, /*train=*/true);
   return merged;
 }
@@ -160,9 +170,9 @@ MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop) : drop(drop) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  auto h = torch::gelu(fc1->forward(x));  // exact (erf) GELU, as timm's nn.GELU
+  auto h = torch::gelu(linear(x, fc1->weight, fc1->bias));  // exact (erf) GELU, as timm's nn.GELU
   if (drop > 0.0 && is_training()) h = torch::dropout(h, /*p=*/drop, /*train=*/true);
-  h = fc2->forward(h);
+  h = linear(h, fc2->weight, fc2->bias);
   if (drop > 0.0 && is_training()) h = torch::dropout(h, /*p=*/drop, /*train=*/true);
   return h;
 }

@@ -1,0 +1,106 @@
+// `vit bench`: training and inference speed of a config's model on synthetic inputs (see bench/bench.h).
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/bench.h"
+#include "commands.h"
+#include "common.h"
+
+namespace vit::app {
+namespace {
+
+struct BenchArgs {
+  ConfigArgs config;
+  std::string mode = "both";
+  int64_t batch_size = 0;  // 0 = the config's train.batch_size
+  int64_t steps = 20;
+  int64_t warmup = 3;
+  std::string device;      // "" = the config's train.device
+  int threads = -1;        // -1 = the config's train.threads
+  std::string amp;         // "" = the config's train.amp
+  bool json = false;
+};
+
+// "12.3" or "-" for a measurement that did not run.
+std::string figure(double value, const char* format = "%.2f") {
+  if (value < 0) return "-";
+  char text[64];
+  std::snprintf(text, sizeof(text), format, value);
+  return text;
+}
+
+int run_bench_command(const BenchArgs& args) {
+  const auto config = load_config_args(args.config);
+  if (!config) throw std::invalid_argument("vit bench needs --config FILE (the model section is benched)");
+  BenchOptions options;
+  options.mode = args.mode;
+  options.batch_size = args.batch_size > 0 ? args.batch_size : config->train.batch_size;
+  options.steps = args.steps;
+  options.warmup = args.warmup;
+  options.device = args.device.empty() ? config->train.device : args.device;
+  options.threads = args.threads >= 0 ? args.threads : static_cast<int>(config->train.threads);
+  options.amp = args.amp.empty() ? config->train.amp : args.amp;
+  options.seed = config->train.seed;
+  const auto r = run_bench(config->model, options);
+  if (args.json) {
+    std::cout << to_json(r).dump() << "\n";
+    return kOk;
+  }
+  std::printf("device          %s, %d threads, amp %s, batch %lld, %.3f GMACs/image\n", r.device.c_str(), r.threads,
+              r.amp.c_str(), static_cast<long long>(r.batch_size), r.gmacs);
+  if (r.train_img_per_s >= 0) {
+    std::printf("train           %s img/s, step p50 %s ms, p95 %s ms, %s GFLOP/s\n",
+                figure(r.train_img_per_s).c_str(), figure(r.step_ms_p50).c_str(), figure(r.step_ms_p95).c_str(),
+                figure(r.train_gflops, "%.1f").c_str());
+  }
+  if (r.infer_img_per_s >= 0) {
+    std::printf("infer batch 1   p50 %s ms, p95 %s ms\n", figure(r.latency_ms_p50).c_str(),
+                figure(r.latency_ms_p95).c_str());
+    std::printf("infer batch %-3lld p50 %s ms, p95 %s ms, %s img/s, %s GFLOP/s\n", static_cast<long long>(r.batch_size),
+                figure(r.batch_latency_ms_p50).c_str(), figure(r.batch_latency_ms_p95).c_str(),
+                figure(r.infer_img_per_s).c_str(), figure(r.infer_gflops, "%.1f").c_str());
+  }
+  if (r.peak_gflops > 0) {
+    std::printf("matmul peak     %s GFLOP/s torch::mm (%s); achieved %s of it\n", figure(r.peak_gflops, "%.1f").c_str(),
+                r.peak_dtype.c_str(), figure(100.0 * r.peak_fraction(), "%.1f%%").c_str());
+  }
+  if (r.kernel_peak_gflops > 0) {
+    std::printf("                %s GFLOP/s through the model's linear (oneDNN); achieved %s of it\n",
+                figure(r.kernel_peak_gflops, "%.1f").c_str(), figure(100.0 * r.kernel_peak_fraction(), "%.1f%%").c_str());
+  }
+  std::printf("peak memory     %s MiB resident", figure(r.peak_rss_mb, "%.0f").c_str());
+  if (r.peak_cuda_mb >= 0) std::printf(", %s MiB CUDA", figure(r.peak_cuda_mb, "%.0f").c_str());
+  std::printf("\n");
+  return kOk;
+}
+
+}  // namespace
+
+void setup_bench(CLI::App& app, int& status) {
+  auto args = std::make_shared<BenchArgs>();
+  auto* command = app.add_subcommand("bench", "Time training and inference of a config's model on synthetic inputs");
+  add_config_args(command, args->config);
+  command->add_option("--mode", args->mode, "what to time: train | infer | both")
+      ->check(CLI::IsMember({"train", "infer", "both"}))
+      ->capture_default_str();
+  command->add_option("--batch-size", args->batch_size, "training batch and second inference batch "
+                                                        "(default: the config's train.batch_size)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--steps", args->steps, "timed iterations per measurement")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  command->add_option("--warmup", args->warmup, "untimed iterations before each measurement")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_option("--device", args->device, "auto | cpu | cuda | cuda:N (default: the config's train.device)");
+  command->add_option("--threads", args->threads, "CPU threads, 0 = all cores (default: the config's train.threads)")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--amp", args->amp, "off | bf16 | fp16, CUDA only (default: the config's train.amp)")
+      ->check(CLI::IsMember({"off", "bf16", "fp16"}));
+  command->add_flag("--json", args->json, "print one JSON object");
+  command->callback([args, &status] { status = run_bench_command(*args); });
+}
+
+}  // namespace vit::app

@@ -1,0 +1,221 @@
+#!/usr/bin/python3
+"""The reference for `vit bench`: the same ViT and training step written the usual PyTorch way (fused qkv Linear,
+matmul-softmax attention, torch.optim.AdamW with timm's two parameter groups, gradient clipping), timed the same way
+on the same synthetic inputs. Reads the model section of the same JSON config (preset + overrides).
+
+    /usr/bin/python3 scripts/bench_pytorch.py --config CFG [--mode train|infer|both] [--batch-size N]
+        [--steps S] [--warmup W] [--threads N] [--json]
+"""
+import argparse
+import json
+import math
+import resource
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PRESETS = {
+    "vit_tiny_patch16_224": dict(embed_dim=192, depth=12, num_heads=3),
+    "vit_small_patch16_224": dict(embed_dim=384, depth=12, num_heads=6),
+    "vit_base_patch16_224": dict(embed_dim=768, depth=12, num_heads=12),
+    "vit_large_patch16_224": dict(embed_dim=1024, depth=24, num_heads=16),
+}
+DEFAULTS = dict(img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=768, depth=12, num_heads=12,
+                mlp_ratio=4.0, qkv_bias=True, class_token=True, global_pool="token", layer_norm_eps=1e-6)
+# Keys that do not change the cost of a step (dropout rates are 0 in the benchmarks) or are not modelled here.
+IGNORED = {"drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"}
+
+
+def model_args(path):
+    with open(path) as f:
+        section = json.load(f).get("model", {})
+    args = dict(DEFAULTS)
+    if "preset" in section:
+        args.update(PRESETS[section["preset"]])
+    for key, value in section.items():
+        if key == "preset" or key in IGNORED:
+            continue
+        if key in ("init_values", "rel_pos_bias") and not value:
+            continue
+        if key not in DEFAULTS:
+            sys.exit(f"{path}: model.{key} is not modelled by this reference")
+        args[key] = value
+    size = args.pop("img_size")
+    args["img_h"], args["img_w"] = (size, size) if isinstance(size, int) else size
+    return args
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, num_heads, qkv_bias):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # (B, nh, N, hd)
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        attn = attn.softmax(dim=-1)
+        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        return self.proj(x)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, num_heads, mlp_ratio, qkv_bias, eps):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=eps)
+        self.attn = Attention(dim, num_heads, qkv_bias)
+        self.norm2 = nn.LayerNorm(dim, eps=eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, img_h, img_w, patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio,
+                 qkv_bias, class_token, global_pool, layer_norm_eps):
+        super().__init__()
+        self.global_pool = global_pool
+        self.patch_embed = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size)
+        patches = (img_h // patch_size) * (img_w // patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.pos_embed = nn.Parameter(torch.randn(1, patches + (1 if class_token else 0), embed_dim) * 0.02)
+        self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias, layer_norm_eps)
+                                      for _ in range(depth)])
+        self.norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward(self, x):
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, N, D)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.blocks(x + self.pos_embed)
+        x = self.norm(x)
+        x = x[:, 1:].mean(1) if self.global_pool == "avg" else x[:, 0]
+        return self.head(x)
+
+
+def percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100.0 * len(ordered)) - 1))]
+
+
+def timed(fn, warmup, steps):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def sgemm_peak(seconds=0.5, n=1024):
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    torch.mm(a, b, out=out)
+    best, start = float("inf"), time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * n ** 3 / best / 1e9
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--mode", choices=["train", "infer", "both"], default="both")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    threads = args.threads or torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    margs = model_args(args.config)
+    model = VisionTransformer(**margs)
+    # Forward MACs of the matmuls and the patch convolution, counted as vit's flops.cpp counts them.
+    D, P, L = margs["embed_dim"], margs["patch_size"], margs["depth"]
+    patches = (margs["img_h"] // P) * (margs["img_w"] // P)
+    N = patches + (1 if margs["class_token"] else 0)
+    hidden = int(D * margs["mlp_ratio"])
+    macs = patches * margs["in_chans"] * P * P * D + L * (N * D * 3 * D + 2 * N * N * D + N * D * D + 2 * N * D * hidden)
+    macs += D * margs["num_classes"]
+    peak = sgemm_peak()
+    B = args.batch_size
+    result = {"framework": "pytorch " + torch.__version__, "threads": threads, "batch_size": B,
+              "gmacs": macs / 1e9, "peak_gflops": peak}
+
+    if args.mode in ("train", "both"):
+        decay = [p for n, p in model.named_parameters() if p.ndim > 1 and n not in ("pos_embed", "cls_token")]
+        no_decay = [p for n, p in model.named_parameters() if not (p.ndim > 1 and n not in ("pos_embed", "cls_token"))]
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
+                                       {"params": no_decay, "weight_decay": 0.0}], lr=1e-4)
+        images = torch.randn(B, margs["in_chans"], margs["img_h"], margs["img_w"])
+        labels = torch.randint(0, max(1, margs["num_classes"]), (B,))
+        model.train()
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(images), labels, label_smoothing=0.1)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            loss.item()
+
+        times = timed(step, args.warmup, args.steps)
+        result.update(img_per_s=B * len(times) / sum(times), step_ms_p50=percentile(times, 50) * 1e3,
+                      step_ms_p95=percentile(times, 95) * 1e3)
+        result["gflops"] = 6.0 * macs * result["img_per_s"] / 1e9
+
+    if args.mode in ("infer", "both"):
+        model.eval()
+        with torch.inference_mode():
+            one = torch.randn(1, margs["in_chans"], margs["img_h"], margs["img_w"])
+            batch = torch.randn(B, margs["in_chans"], margs["img_h"], margs["img_w"])
+            times = timed(lambda: model(one), args.warmup, args.steps)
+            result.update(latency_ms_p50=percentile(times, 50) * 1e3, latency_ms_p95=percentile(times, 95) * 1e3)
+            times = timed(lambda: model(batch), args.warmup, args.steps)
+            result.update(batch_latency_ms_p50=percentile(times, 50) * 1e3,
+                          batch_latency_ms_p95=percentile(times, 95) * 1e3,
+                          infer_img_per_s=B * len(times) / sum(times))
+        if "gflops" not in result:
+            result["img_per_s"] = result["infer_img_per_s"]
+            result["gflops"] = 2.0 * macs * result["infer_img_per_s"] / 1e9
+
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    result["peak_fraction"] = result["gflops"] / peak
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:22s} {value:.4g}" if isinstance(value, float) else f"{key:22s} {value}")
+
+
+if __name__ == "__main__":
+    main()
