@@ -2,7 +2,6 @@
 // with a visible reason where this libtorch has no CUDA or no GPU is visible (Debian's CPU libtorch).
 #include <gtest/gtest.h>
 
-#include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -16,6 +15,7 @@
 #include "model/vit.h"
 #include "test_util.h"
 #include "train/optimizer.h"
+#include "train/amp.h"
 #include "train/trainer.h"
 
 namespace vit {
@@ -55,26 +55,6 @@ double relative_diff(const torch::Tensor& expected, const torch::Tensor& actual)
   return test::max_abs_diff(expected, actual.to(torch::kCPU, torch::kFloat32)) / scale;
 }
 
-// bf16 autocast on CUDA for its lifetime (the API was renamed in LibTorch 2.4).
-struct Bf16Autocast {
-  Bf16Autocast() {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-#else
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-    at::autocast::set_enabled(true);
-#endif
-  }
-  ~Bf16Autocast() {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-#else
-    at::autocast::set_enabled(false);
-#endif
-    at::autocast::clear_cache();
-  }
-};
 
 TEST(Cuda, ForwardAndBackwardMatchCpu) {
   SKIP_WITHOUT_CUDA();
@@ -128,7 +108,7 @@ TEST(Cuda, Bf16TrainingStepIsFiniteAndLowersTheLoss) {
     optimizer.zero_grad();
     torch::Tensor loss;
     {
-      Bf16Autocast autocast;
+      AutocastScope autocast(/*enabled=*/true, at::kBFloat16);
       auto logits = net->forward(images);
       EXPECT_EQ(logits.scalar_type(), torch::kBFloat16) << "autocast did not reach the head";
       loss = classification_loss(logits, labels, {}, 0.1);

@@ -1,8 +1,8 @@
 // `vit bench`: times the real training step (FlatAdamW, classification_loss) and InferenceMode forwards on random
 // inputs, and the machine's matmul peak in the same process, so the achieved fraction compares like with like.
 #include "bench/bench.h"
+#include "train/amp.h"
 
-#include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
@@ -62,35 +62,6 @@ double sum(const std::vector<double>& values) {
   for (double v : values) total += v;
   return total;
 }
-
-// CUDA autocast for its lifetime, as the trainer's (the API was renamed in LibTorch 2.4).
-class AutocastScope {
- public:
-  AutocastScope(bool enabled, at::ScalarType dtype) : enabled_(enabled) {
-    if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-#else
-    at::autocast::set_autocast_gpu_dtype(dtype);
-    at::autocast::set_enabled(true);
-#endif
-  }
-  ~AutocastScope() {
-    if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-#else
-    at::autocast::set_enabled(false);
-#endif
-    at::autocast::clear_cache();
-  }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
-
- private:
-  bool enabled_;
-};
 
 void reset_cuda_peak(const torch::Device& device) {
 #if VIT_WITH_CUDA_STATS

@@ -2,7 +2,6 @@
 // schedule position, data order position, RNG, EMA) is saved in state.safetensors, so --resume continues bit-exactly.
 #include "train/trainer.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/version.h>
 #include <unistd.h>
 
@@ -21,6 +20,7 @@
 #include "data/loader.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
+#include "train/amp.h"
 #include "train/distributed.h"
 #include "train/evaluate.h"
 #include "train/schedule.h"
@@ -161,33 +161,6 @@ void point_latest(const std::string& output_root, const std::string& run_dir) {
   if (!error) fs::rename(temporary, link, error);
   if (error) log::warn("could not point " + link.string() + " at " + run_dir + ": " + error.message());
 }
-
-// Enables CUDA autocast for its lifetime; clears the cast cache when it ends.
-class AutocastScope {
- public:
-  AutocastScope(bool enabled, at::ScalarType dtype) : enabled_(enabled) {
-    if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-#else
-    at::autocast::set_autocast_gpu_dtype(dtype);
-    at::autocast::set_enabled(true);
-#endif
-  }
-  ~AutocastScope() {
-    if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-#else
-    at::autocast::set_enabled(false);
-#endif
-    at::autocast::clear_cache();
-  }
-
- private:
-  bool enabled_;
-};
 
 class Progress {
  public:
