@@ -54,6 +54,23 @@ TEST(CpuKernels, LinearWithoutGradIsPlainForward) {
   EXPECT_LT(test::max_abs_diff(y, torch::mm(x, weight.t())), 1e-5);
 }
 
+// One row (a classifier head at batch 1): the bias broadcast to the output is itself contiguous, and must be copied
+// before the sgemm accumulates into it, or the bias parameter is overwritten.
+TEST(CpuKernels, LinearOnOneRowLeavesTheBiasAlone) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(3);
+  auto x = torch::randn({1, 8});
+  auto weight = torch::randn({3, 8});
+  auto bias = torch::randn({3});
+  const auto bias_before = bias.clone();
+  c10::InferenceMode inference;
+  const auto first = linear(x, weight, bias);
+  const auto second = linear(x, weight, bias);
+  EXPECT_TRUE(torch::equal(bias, bias_before));
+  EXPECT_TRUE(torch::equal(first, second));
+  EXPECT_LT(test::max_abs_diff(first, torch::nn::functional::linear(x, weight, bias)), 1e-5);
+}
+
 TEST(CpuKernels, AttentionCoreMatchesExplicitAttention) {
   SKIP_WITHOUT_KERNELS();
   // Many heads; and one image with 3 heads, where the forward also splits each head's query rows across threads.

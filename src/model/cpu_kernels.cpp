@@ -44,7 +44,9 @@ torch::Tensor linear_forward(const torch::Tensor& x, const torch::Tensor& weight
   const int64_t in = weight.size(1), out = weight.size(0), rows = x.numel() / in;
   auto sizes = x.sizes().vec();
   sizes.back() = out;
-  auto y = bias.defined() ? bias.expand(sizes).contiguous() : torch::empty(sizes, x.options());
+  // A fresh buffer: with one row, bias.expand(sizes) is already contiguous and contiguous() would hand back the
+  // bias itself, which the sgemm (beta = 1) would then overwrite.
+  auto y = bias.defined() ? bias.expand(sizes).clone(at::MemoryFormat::Contiguous) : torch::empty(sizes, x.options());
   sgemm('N', 'T', rows, out, in, 1.0f, x.data_ptr<float>(), in, weight.data_ptr<float>(), in,
         bias.defined() ? 1.0f : 0.0f, y.data_ptr<float>(), out);
   return y;
