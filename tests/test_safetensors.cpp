@@ -274,6 +274,85 @@ TEST(SafetensorsCorrupt, ReadNamesThePathOnDisk) {
   EXPECT_NE(error_of([&] { st::read(missing); }).find(missing), std::string::npos);
 }
 
+TEST(SafetensorsFile, ReadsLikeArchiveAndIntoDestinations) {
+  ScratchDir dir;
+  torch::manual_seed(1);
+  const st::NamedTensors tensors = {
+      {"w", torch::randn({3, 4})},
+      {"half", torch::randn({2, 5}).to(torch::kFloat16)},
+      {"flags", torch::tensor({true, false, true})},
+      {"empty", torch::zeros({0, 4})},
+  };
+  const std::string path = dir.file("m.safetensors");
+  st::write(path, tensors, {{"note", "x"}});
+  const st::Archive archive = st::read(path);
+  const st::File file(path);
+  EXPECT_EQ(file.path(), path);
+  EXPECT_EQ(file.metadata(), archive.metadata);
+  ASSERT_EQ(file.tensors().size(), tensors.size());
+  for (const auto& info : file.tensors()) {
+    EXPECT_EQ(raw_bytes(file.tensor(info, false)), raw_bytes(archive.tensor(info, false))) << info.name;
+    EXPECT_TRUE(torch::equal(file.tensor(info), archive.tensor(info))) << info.name;
+  }
+  EXPECT_EQ(file.find("absent"), nullptr);
+
+  // Straight into a float32 destination, into one of another dtype, and into a non-contiguous view.
+  auto direct = torch::empty({3, 4});
+  file.read_into(*file.find("w"), direct);
+  EXPECT_TRUE(torch::equal(direct, tensors[0].second));
+  auto widened = torch::empty({2, 5}, torch::kFloat64);
+  file.read_into(*file.find("half"), widened);
+  EXPECT_TRUE(torch::equal(widened, tensors[1].second.to(torch::kFloat64)));
+  auto transposed = torch::empty({4, 3}).t();
+  file.read_into(*file.find("w"), transposed);
+  EXPECT_TRUE(torch::equal(transposed, tensors[0].second));
+  auto flags = torch::empty({3}, torch::kBool);
+  file.read_into(*file.find("flags"), flags);
+  EXPECT_TRUE(torch::equal(flags, tensors[2].second));
+
+  auto wrong = torch::empty({4, 3});
+  const std::string message = error_of([&] { file.read_into(*file.find("w"), wrong); });
+  EXPECT_EQ(message.rfind(path + ": tensor 'w' has shape [3, 4], the destination has [4, 3]", 0), 0u) << message;
+}
+
+TEST(SafetensorsFile, KeepsReadingTheFileItOpened) {
+  ScratchDir dir;
+  const std::string path = dir.file("best.safetensors");
+  st::write(path, {{"w", torch::full({64}, 1.0f)}});
+  const st::File file(path);
+  // A training run replaces the file (atomic rename) between the header and the data: the open file still wins.
+  st::write(path, {{"other", torch::zeros({2})}, {"w", torch::full({64}, 2.0f)}});
+  auto out = torch::empty({64});
+  file.read_into(*file.find("w"), out);
+  EXPECT_TRUE(torch::equal(out, torch::full({64}, 1.0f)));
+}
+
+TEST(SafetensorsFile, DamageNamesTheFile) {
+  ScratchDir dir;
+  const std::string good = st::serialize({{"w", torch::ones({2, 3})}});
+  const std::string truncated = dir.file("truncated.safetensors");
+  vit::write_file_atomic(truncated, good.substr(0, good.size() - 4));
+  std::string message = error_of([&] { st::File file(truncated); });
+  EXPECT_EQ(message.rfind(truncated + ": ", 0), 0u) << message;
+  EXPECT_NE(message.find("beyond the data section size 20"), std::string::npos) << message;
+
+  const std::string tiny = dir.file("tiny.safetensors");
+  vit::write_file_atomic(tiny, "tiny");
+  EXPECT_EQ(error_of([&] { st::File file(tiny); }).rfind(tiny + ": file is 4 bytes", 0), 0u);
+  const std::string missing = dir.file("absent.safetensors");
+  EXPECT_EQ(error_of([&] { st::File file(missing); }).rfind(missing + ": cannot open", 0), 0u);
+  EXPECT_EQ(error_of([&] { st::File file(dir.path()); }).rfind(dir.path() + ": not a regular file", 0), 0u);
+
+  // Shortened after it was opened: the read fails with the file's name instead of returning garbage.
+  const std::string shrinking = dir.file("shrinking.safetensors");
+  vit::write_file_atomic(shrinking, good);
+  const st::File file(shrinking);
+  ASSERT_EQ(::truncate(shrinking.c_str(), static_cast<off_t>(good.size() - 4)), 0);
+  auto out = torch::empty({2, 3});
+  message = error_of([&] { file.read_into(*file.find("w"), out); });
+  EXPECT_EQ(message.rfind(shrinking + ": file ended while reading tensor 'w'", 0), 0u) << message;
+}
+
 // ---- npy ----
 
 TEST(NpyFormat, ExactHeaderForKnownShapes) {

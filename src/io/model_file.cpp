@@ -1,6 +1,7 @@
 // Model files: save and load complete, self-describing models in safetensors (timm-compatible tensor names).
 #include "io/model_file.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -39,38 +40,54 @@ void save_model(const std::string& path, VisionTransformer& net, const Preproces
   safetensors::write(path, state_tensors(net), metadata);
 }
 
-void load_state(VisionTransformer& net, const std::map<std::string, torch::Tensor>& tensors, const std::string& path) {
-  std::vector<std::string> missing, mismatched, unexpected;
+namespace {
+
+std::map<std::string, torch::Tensor> model_targets(VisionTransformer& net) {
   std::map<std::string, torch::Tensor> targets;
   for (const auto& item : net->named_parameters(true)) targets[item.key()] = item.value();
   for (const auto& item : net->named_buffers(true)) targets[item.key()] = item.value();
+  return targets;
+}
+
+// Throws listing every missing, unexpected and mis-shaped tensor of `shapes` (name -> shape) against `targets`.
+void check_names_and_shapes(const std::map<std::string, torch::Tensor>& targets,
+                            const std::map<std::string, std::vector<int64_t>>& shapes, const std::string& path) {
+  std::vector<std::string> missing, mismatched, unexpected;
   for (const auto& [name, target] : targets) {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) {
+    auto it = shapes.find(name);
+    if (it == shapes.end()) {
       missing.push_back(name);
-    } else if (it->second.sizes() != target.sizes()) {
+    } else if (target.sizes() != c10::IntArrayRef(it->second)) {
       std::ostringstream s;
-      s << name << " (file " << it->second.sizes() << ", model " << target.sizes() << ")";
+      s << name << " (file " << c10::IntArrayRef(it->second) << ", model " << target.sizes() << ")";
       mismatched.push_back(s.str());
     }
   }
-  for (const auto& [name, tensor] : tensors) {
-    if (!targets.count(name)) unexpected.push_back(name);
+  for (const auto& item : shapes) {
+    if (!targets.count(item.first)) unexpected.push_back(item.first);
   }
-  if (!missing.empty() || !mismatched.empty() || !unexpected.empty()) {
-    auto list = [](const std::vector<std::string>& names) {
-      std::string s;
-      const size_t shown = std::min<size_t>(names.size(), 8);
-      for (size_t i = 0; i < shown; ++i) s += (i ? ", " : "") + names[i];
-      if (names.size() > shown) s += ", ... (" + std::to_string(names.size()) + " in all)";
-      return s;
-    };
-    std::string message = path + ": tensors do not match the model";
-    if (!missing.empty()) message += "; missing: " + list(missing);
-    if (!unexpected.empty()) message += "; unexpected: " + list(unexpected);
-    if (!mismatched.empty()) message += "; wrong shape: " + list(mismatched);
-    throw std::runtime_error(message);
-  }
+  if (missing.empty() && mismatched.empty() && unexpected.empty()) return;
+  auto list = [](const std::vector<std::string>& names) {
+    std::string s;
+    const size_t shown = std::min<size_t>(names.size(), 8);
+    for (size_t i = 0; i < shown; ++i) s += (i ? ", " : "") + names[i];
+    if (names.size() > shown) s += ", ... (" + std::to_string(names.size()) + " in all)";
+    return s;
+  };
+  std::string message = path + ": tensors do not match the model";
+  if (!missing.empty()) message += "; missing: " + list(missing);
+  if (!unexpected.empty()) message += "; unexpected: " + list(unexpected);
+  if (!mismatched.empty()) message += "; wrong shape: " + list(mismatched);
+  throw std::runtime_error(message);
+}
+
+}  // namespace
+
+void load_state(VisionTransformer& net, const std::map<std::string, torch::Tensor>& tensors, const std::string& path) {
+  auto targets = model_targets(net);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, tensor] : tensors) shapes[name] = tensor.sizes().vec();
+  check_names_and_shapes(targets, shapes, path);
   torch::NoGradGuard no_grad;
   for (auto& [name, target] : targets) target.copy_(tensors.at(name));
 }
@@ -83,35 +100,39 @@ std::map<std::string, torch::Tensor> all_tensors(const safetensors::Archive& arc
   return out;
 }
 
-const std::string& metadata_value(const safetensors::Archive& archive, const std::string& key) {
-  auto it = archive.metadata.find(key);
-  if (it == archive.metadata.end()) throw std::runtime_error(archive.path + ": metadata has no \"" + key + "\"");
+const std::string& metadata_value(const std::map<std::string, std::string>& metadata, const std::string& key,
+                                  const std::string& path) {
+  auto it = metadata.find(key);
+  if (it == metadata.end()) throw std::runtime_error(path + ": metadata has no \"" + key + "\"");
   return it->second;
 }
 
-json metadata_json(const safetensors::Archive& archive, const std::string& key) {
-  json value = json::parse(metadata_value(archive, key), nullptr, false);
-  if (value.is_discarded()) throw std::runtime_error(archive.path + ": metadata \"" + key + "\" is not valid JSON");
+json metadata_json(const std::map<std::string, std::string>& metadata, const std::string& key,
+                   const std::string& path) {
+  json value = json::parse(metadata_value(metadata, key, path), nullptr, false);
+  if (value.is_discarded()) throw std::runtime_error(path + ": metadata \"" + key + "\" is not valid JSON");
   return value;
 }
 
 }  // namespace
 
 LoadedModel load_model(const std::string& path, const std::optional<Config>& fallback) {
-  const auto archive = safetensors::read(path);
+  // Tensor by tensor from the file into the weights: the file's bytes are never held in memory beside them.
+  const safetensors::File file(path);
+  const auto& metadata = file.metadata();
   LoadedModel out;
   out.path = path;
-  auto format = archive.metadata.find("format");
-  if (format != archive.metadata.end() && format->second == kModelFormat) {
-    const auto& version = metadata_value(archive, "format_version");
+  auto format = metadata.find("format");
+  if (format != metadata.end() && format->second == kModelFormat) {
+    const auto& version = metadata_value(metadata, "format_version", path);
     if (version != std::to_string(kModelFormatVersion)) {
       throw std::runtime_error(path + ": model format version " + version + ", this vit reads version " +
                                std::to_string(kModelFormatVersion) + " (re-export it with a matching vit)");
     }
     out.has_metadata = true;
-    out.model = parse_model_config(metadata_json(archive, "model"), path + " (metadata)");
-    out.preprocess = parse_preprocess(metadata_json(archive, "preprocess"), path + " (metadata)");
-    const json names = metadata_json(archive, "class_names");
+    out.model = parse_model_config(metadata_json(metadata, "model", path), path + " (metadata)");
+    out.preprocess = parse_preprocess(metadata_json(metadata, "preprocess", path), path + " (metadata)");
+    const json names = metadata_json(metadata, "class_names", path);
     if (!names.is_array()) throw std::runtime_error(path + ": metadata class_names is not an array");
     for (const auto& n : names) out.class_names.push_back(n.is_string() ? n.get<std::string>() : n.dump());
   } else if (fallback) {
@@ -124,8 +145,13 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
   if (static_cast<int64_t>(out.class_names.size()) != out.model.num_classes) {
     out.class_names = numbered_classes(out.model.num_classes);
   }
-  out.net = VisionTransformer(out.model);
-  load_state(out.net, all_tensors(archive), path);
+  out.net = VisionTransformer(out.model, Init::none);
+  auto targets = model_targets(out.net);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& info : file.tensors()) shapes[info.name] = info.shape;
+  check_names_and_shapes(targets, shapes, path);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, target] : targets) file.read_into(*file.find(name), target);
   out.net->eval();
   return out;
 }
@@ -151,7 +177,7 @@ std::vector<std::string> load_for_finetune(const std::string& path, VisionTransf
     int64_t old_w = old_h;
     auto format = archive.metadata.find("format");
     if (format != archive.metadata.end() && format->second == kModelFormat) {
-      const auto trained = parse_model_config(metadata_json(archive, "model"), path + " (metadata)");
+      const auto trained = parse_model_config(metadata_json(archive.metadata, "model", path), path + " (metadata)");
       old_h = trained.grid_h(), old_w = trained.grid_w();
     }
     if (old_h * old_w != old_patches) {

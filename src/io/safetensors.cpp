@@ -2,6 +2,11 @@
 // tensors are copied out of the file buffer, so they never alias memory that dies with the Archive.
 #include "io/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -207,39 +212,15 @@ const TensorInfo* Archive::find(const std::string& name) const {
   return nullptr;
 }
 
-torch::Tensor Archive::tensor(const TensorInfo& info, bool as_float32) const {
-  // Re-checked because a TensorInfo may have been built by hand or taken from another Archive.
-  uint64_t nbytes = 0;
-  if (!byte_count(info.shape, info.dtype, nbytes) || info.begin > info.end || nbytes != info.end - info.begin ||
-      data_start + info.end > bytes.size()) {
-    fail(path, "tensor " + quoted(info.name) + ": shape " + shape_string(info.shape) + " and data_offsets [" +
-                   std::to_string(info.begin) + ", " + std::to_string(info.end) +
-                   "] do not fit this file's data section");
-  }
-  // Bool is read as bytes and compared with zero: any byte other than 0/1 in a torch bool is undefined behaviour.
-  const torch::ScalarType storage = info.dtype == DType::BOOL ? torch::kUInt8 : to_scalar_type(info.dtype);
-  torch::Tensor out = torch::empty(info.shape, torch::TensorOptions().dtype(storage));
-  if (nbytes > 0) std::memcpy(out.data_ptr(), bytes.data() + data_start + info.begin, nbytes);
-  if (info.dtype == DType::BOOL) return out.ne(0);
-  const bool floating = info.dtype == DType::F16 || info.dtype == DType::BF16 || info.dtype == DType::F64;
-  if (as_float32 && floating) return out.to(torch::kFloat32);
-  return out;
-}
+namespace {
 
-torch::Tensor Archive::tensor(const std::string& name, bool as_float32) const {
-  const TensorInfo* info = find(name);
-  if (!info) fail(path, "no tensor named " + quoted(name));
-  return tensor(*info, as_float32);
-}
-
-Archive parse(std::string bytes, const std::string& path_for_errors) {
-  const std::string& path = path_for_errors;
-  const uint64_t size = bytes.size();
+// Checks the 8-byte header length against the file size; returns it.
+uint64_t checked_header_length(const char* first8, uint64_t size, const std::string& path) {
   if (size < 8) {
     fail(path, "file is " + std::to_string(size) + " bytes, too short for the 8-byte header length (not safetensors?)");
   }
   uint64_t header_length = 0;
-  std::memcpy(&header_length, bytes.data(), sizeof header_length);
+  std::memcpy(&header_length, first8, sizeof header_length);
   if (header_length > kMaxHeaderBytes) {
     fail(path, "header length " + std::to_string(header_length) + " exceeds the limit of " +
                    std::to_string(kMaxHeaderBytes) + " bytes (not safetensors?)");
@@ -248,31 +229,148 @@ Archive parse(std::string bytes, const std::string& path_for_errors) {
     fail(path, "header length " + std::to_string(header_length) + " exceeds file size " + std::to_string(size) +
                    " (truncated file?)");
   }
+  return header_length;
+}
 
+// Parses and validates the JSON header of a file with `data_size` bytes of data after it.
+void parse_header(const char* text, uint64_t length, uint64_t data_size, const std::string& path,
+                  std::map<std::string, std::string>& metadata, std::vector<TensorInfo>& tensors) {
   Json header;
   try {
-    header = Json::parse(bytes.data() + 8, bytes.data() + 8 + header_length);
+    header = Json::parse(text, text + length);
   } catch (const Json::parse_error& error) {
     fail(path, std::string("header is not valid JSON: ") + printable(error.what()));
   }
   if (!header.is_object()) fail(path, std::string("header is a JSON ") + header.type_name() + ", expected an object");
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      metadata = parse_metadata(entry, path);
+    } else {
+      tensors.push_back(parse_entry(name, entry, data_size, path));
+    }
+  }
+}
 
+// Re-checked at read time because a TensorInfo may have been built by hand or taken from another file.
+void check_fits(const TensorInfo& info, uint64_t data_size, const std::string& path, uint64_t& nbytes) {
+  if (!byte_count(info.shape, info.dtype, nbytes) || info.begin > info.end || nbytes != info.end - info.begin ||
+      info.end > data_size) {
+    fail(path, "tensor " + quoted(info.name) + ": shape " + shape_string(info.shape) + " and data_offsets [" +
+                   std::to_string(info.begin) + ", " + std::to_string(info.end) +
+                   "] do not fit this file's data section");
+  }
+}
+
+// A tensor of the file's dtype to receive `info`'s bytes (bool is read as bytes, see finish_tensor).
+torch::Tensor storage_for(const TensorInfo& info) {
+  const torch::ScalarType storage = info.dtype == DType::BOOL ? torch::kUInt8 : to_scalar_type(info.dtype);
+  return torch::empty(info.shape, torch::TensorOptions().dtype(storage));
+}
+
+// Bool is read as bytes and compared with zero: any byte other than 0/1 in a torch bool is undefined behaviour.
+torch::Tensor finish_tensor(const TensorInfo& info, torch::Tensor raw, bool as_float32) {
+  if (info.dtype == DType::BOOL) return raw.ne(0);
+  const bool floating = info.dtype == DType::F16 || info.dtype == DType::BF16 || info.dtype == DType::F64;
+  if (as_float32 && floating) return raw.to(torch::kFloat32);
+  return raw;
+}
+
+}  // namespace
+
+Archive parse(std::string bytes, const std::string& path_for_errors) {
+  const std::string& path = path_for_errors;
+  const uint64_t size = bytes.size();
+  const uint64_t header_length = checked_header_length(bytes.data(), size, path);
   Archive archive;
   archive.path = path;
   archive.data_start = 8 + header_length;
-  const uint64_t data_size = size - archive.data_start;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") {
-      archive.metadata = parse_metadata(entry, path);
-    } else {
-      archive.tensors.push_back(parse_entry(name, entry, data_size, path));
-    }
-  }
+  parse_header(bytes.data() + 8, header_length, size - archive.data_start, path, archive.metadata, archive.tensors);
   archive.bytes = std::move(bytes);
   return archive;
 }
 
+torch::Tensor Archive::tensor(const TensorInfo& info, bool as_float32) const {
+  uint64_t nbytes = 0;
+  check_fits(info, bytes.size() - data_start, path, nbytes);
+  torch::Tensor raw = storage_for(info);
+  if (nbytes > 0) std::memcpy(raw.data_ptr(), bytes.data() + data_start + info.begin, nbytes);
+  return finish_tensor(info, raw, as_float32);
+}
+
+torch::Tensor Archive::tensor(const std::string& name, bool as_float32) const {
+  const TensorInfo* info = find(name);
+  if (!info) fail(path, "no tensor named " + quoted(name));
+  return tensor(*info, as_float32);
+}
+
 Archive read(const std::string& path) { return parse(read_file(path), path); }
+
+File::File(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  try {
+    struct stat info {};
+    if (::fstat(fd_, &info) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
+    if (!S_ISREG(info.st_mode)) fail(path, "not a regular file");
+    const auto size = static_cast<uint64_t>(info.st_size);
+    char first8[8] = {};
+    if (size >= 8) read_bytes(0, first8, 8, "the header length");
+    const uint64_t header_length = checked_header_length(first8, size, path);
+    std::string header(header_length, '\0');
+    read_bytes(8, header.data(), header_length, "the header");
+    data_start_ = 8 + header_length;
+    data_size_ = size - data_start_;
+    parse_header(header.data(), header_length, data_size_, path, metadata_, tensors_);
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+File::~File() { ::close(fd_); }
+
+const TensorInfo* File::find(const std::string& name) const {
+  for (const TensorInfo& info : tensors_) {
+    if (info.name == name) return &info;
+  }
+  return nullptr;
+}
+
+void File::read_bytes(uint64_t offset, void* out, uint64_t count, const std::string& what) const {
+  auto* cursor = static_cast<char*>(out);
+  while (count > 0) {
+    const ssize_t got = ::pread(fd_, cursor, count, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail(path_, "cannot read " + what + ": " + std::strerror(errno));
+    if (got == 0) fail(path_, "file ended while reading " + what + " (truncated while being read?)");
+    cursor += got, offset += static_cast<uint64_t>(got), count -= static_cast<uint64_t>(got);
+  }
+}
+
+void File::read_into(const TensorInfo& info, torch::Tensor dst) const {
+  if (dst.sizes() != c10::IntArrayRef(info.shape)) {
+    fail(path_, "tensor " + quoted(info.name) + " has shape " + shape_string(info.shape) +
+                    ", the destination has " + shape_string(dst.sizes().vec()));
+  }
+  const bool direct = info.dtype != DType::BOOL && dst.scalar_type() == to_scalar_type(info.dtype) &&
+                      dst.device().is_cpu() && dst.is_contiguous();
+  if (!direct) {
+    torch::NoGradGuard no_grad;
+    dst.copy_(tensor(info, /*as_float32=*/false));
+    return;
+  }
+  uint64_t nbytes = 0;
+  check_fits(info, data_size_, path_, nbytes);
+  if (nbytes > 0) read_bytes(data_start_ + info.begin, dst.data_ptr(), nbytes, "tensor " + quoted(info.name));
+}
+
+torch::Tensor File::tensor(const TensorInfo& info, bool as_float32) const {
+  uint64_t nbytes = 0;
+  check_fits(info, data_size_, path_, nbytes);
+  torch::Tensor raw = storage_for(info);
+  if (nbytes > 0) read_bytes(data_start_ + info.begin, raw.data_ptr(), nbytes, "tensor " + quoted(info.name));
+  return finish_tensor(info, raw, as_float32);
+}
 
 std::string serialize(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();

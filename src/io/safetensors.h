@@ -49,6 +49,40 @@ struct Archive {
   torch::Tensor tensor(const std::string& name, bool as_float32 = true) const;
 };
 
+// An open file whose header is parsed and validated up front but whose data stays on disk: each tensor is read
+// when asked for, straight into its destination, so loading a model never holds the file's bytes and the weights at
+// once. The file stays open, so a file replaced meanwhile (an atomic rename by a running training) is still read
+// consistently from the version that was opened.
+class File {
+ public:
+  // Throws std::runtime_error "<path>: <what is wrong>" as read() does.
+  explicit File(const std::string& path);
+  ~File();
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  // nullptr when absent.
+  const TensorInfo* find(const std::string& name) const;
+  // Reads a tensor into `dst`, which must have its shape: straight from the file into a contiguous CPU tensor of
+  // the same dtype, converted otherwise (any dtype or device).
+  void read_into(const TensorInfo& info, torch::Tensor dst) const;
+  // A new tensor, as Archive::tensor.
+  torch::Tensor tensor(const TensorInfo& info, bool as_float32 = true) const;
+
+ private:
+  void read_bytes(uint64_t offset, void* out, uint64_t count, const std::string& what) const;
+
+  std::string path_;
+  int fd_ = -1;
+  std::map<std::string, std::string> metadata_;
+  std::vector<TensorInfo> tensors_;
+  uint64_t data_start_ = 0;  // offset of the data section in the file
+  uint64_t data_size_ = 0;   // its size when the file was opened
+};
+
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // Reads and validates a whole file; throws std::runtime_error "<path>: <what is wrong, with the values>".

@@ -42,6 +42,15 @@ torch::Tensor key_padding_mask(const torch::Tensor& keep_tokens) {
   return keep_tokens.to(torch::kBool).unsqueeze(1).unsqueeze(1);  // (B, 1, 1, N)
 }
 
+// ---- Linear ----
+
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias) {
+  weight = register_parameter("weight", torch::empty({out_features, in_features}));
+  if (with_bias) bias = register_parameter("bias", torch::empty({out_features}));
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) { return linear(x, weight, bias); }
+
 // ---- PatchEmbed ----
 
 PatchEmbedImpl::PatchEmbedImpl(const ModelConfig& config) : patch_size(config.patch_size) {
@@ -97,8 +106,8 @@ AttentionImpl::AttentionImpl(const ModelConfig& config)
       attn_drop(config.attn_drop_rate),
       proj_drop(config.proj_drop_rate) {
   const int64_t dim = config.embed_dim;
-  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(dim, 3 * dim).bias(config.qkv_bias)));
-  proj = register_module("proj", torch::nn::Linear(dim, dim));
+  qkv = register_module("qkv", Linear(dim, 3 * dim, config.qkv_bias));
+  proj = register_module("proj", Linear(dim, dim));
   if (config.rel_pos_bias) {
     const int64_t entries = (2 * trained_grid[0] - 1) * (2 * trained_grid[1] - 1) + (class_token ? 3 : 0);
     relative_position_bias_table =
@@ -165,8 +174,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t,
 // ---- Mlp, LayerScale, Block ----
 
 MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop) : drop(drop) {
-  fc1 = register_module("fc1", torch::nn::Linear(dim, hidden));
-  fc2 = register_module("fc2", torch::nn::Linear(hidden, dim));
+  fc1 = register_module("fc1", Linear(dim, hidden));
+  fc2 = register_module("fc2", Linear(hidden, dim));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -205,7 +214,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> 
 
 // ---- VisionTransformer ----
 
-VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config) : config_(config) {
+VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config, Init init) : config_(config) {
   validate(config, "model");
   const int64_t dim = config.embed_dim;
   const int64_t patches = config.grid_h() * config.grid_w();
@@ -224,8 +233,8 @@ VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config) : config
   } else {
     norm = register_module("norm", ln());
   }
-  if (config.num_classes > 0) head = register_module("head", torch::nn::Linear(dim, config.num_classes));
-  reset_parameters();
+  if (config.num_classes > 0) head = register_module("head", Linear(dim, config.num_classes));
+  if (init == Init::random) reset_parameters();
 }
 
 void VisionTransformerImpl::reset_parameters() {
@@ -235,9 +244,9 @@ void VisionTransformerImpl::reset_parameters() {
   // Patch embedding keeps PyTorch's default Conv2d init, as timm's default ("") scheme does.
   patch_embed->proj->reset_parameters();
   for (auto& module : modules(/*include_self=*/false)) {
-    if (auto* linear = module->as<torch::nn::Linear>()) {
-      trunc_normal_(linear->weight, 0.02);
-      if (linear->bias.defined()) linear->bias.zero_();
+    if (auto* dense = module->as<Linear>()) {
+      trunc_normal_(dense->weight, 0.02);
+      if (dense->bias.defined()) dense->bias.zero_();
     } else if (auto* layer_norm = module->as<torch::nn::LayerNorm>()) {
       layer_norm->weight.fill_(1.0);
       layer_norm->bias.zero_();

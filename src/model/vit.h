@@ -28,6 +28,22 @@ struct Capture {
 torch::Tensor causal_mask(int64_t tokens);                          // (N, N) lower triangle
 torch::Tensor key_padding_mask(const torch::Tensor& keep_tokens);   // (B, N) bool -> (B, 1, 1, N)
 
+// torch::nn::Linear without construction-time initialisation: the model initialises every weight once (timm's
+// scheme) or, when it is about to be loaded from a file, not at all. Parameter names ("weight", "bias") and layout
+// ((out, in), (out)) are nn.Linear's; forward goes through model/cpu_kernels' linear.
+struct LinearImpl : torch::nn::Module {
+  LinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;  // (out, in)
+  torch::Tensor bias;    // (out), undefined without bias
+};
+TORCH_MODULE(Linear);
+
+// Whether a new model draws its initial weights (training) or leaves them uninitialised because a file's weights
+// are about to be copied in (model_file's load_model): skipping the draws saves ~0.5 s for ViT-B/16.
+enum class Init { random, none };
+
 struct PatchEmbedImpl : torch::nn::Module {
   explicit PatchEmbedImpl(const ModelConfig& config);
   torch::Tensor forward(const torch::Tensor& x);  // (B, C, H, W) -> (B, gh*gw, D)
@@ -51,7 +67,7 @@ struct AttentionImpl : torch::nn::Module {
   // (nh, N, N) relative position bias for a grid, or undefined without rel_pos_bias.
   torch::Tensor relative_bias(std::array<int64_t, 2> grid);
 
-  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  Linear qkv{nullptr}, proj{nullptr};
   torch::Tensor relative_position_bias_table;  // ((2gh-1)(2gw-1) [+3], nh) when rel_pos_bias
   int64_t num_heads, head_dim;
   double scale;
@@ -67,7 +83,7 @@ struct MlpImpl : torch::nn::Module {
   MlpImpl(int64_t dim, int64_t hidden, double drop);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  Linear fc1{nullptr}, fc2{nullptr};
   double drop;
 };
 TORCH_MODULE(Mlp);
@@ -93,7 +109,8 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 struct VisionTransformerImpl : torch::nn::Module {
-  explicit VisionTransformerImpl(const ModelConfig& config);
+  // Init::none leaves the weights' contents undefined until they are loaded (load_state).
+  explicit VisionTransformerImpl(const ModelConfig& config, Init init = Init::random);
 
   // (B, C, H, W) -> (B, K) logits (or pooled features when num_classes == 0).
   torch::Tensor forward(const torch::Tensor& x);
@@ -119,7 +136,7 @@ struct VisionTransformerImpl : torch::nn::Module {
   torch::nn::ModuleList blocks{nullptr};
   torch::nn::LayerNorm norm{nullptr};     // final norm (token pooling)
   torch::nn::LayerNorm fc_norm{nullptr};  // norm after average pooling (global_pool == "avg")
-  torch::nn::Linear head{nullptr};        // absent when num_classes == 0
+  Linear head{nullptr};                   // absent when num_classes == 0
 
  private:
   ModelConfig config_;
