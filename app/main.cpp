@@ -5,10 +5,12 @@
 
 #include "commands.h"
 #include "util/log.h"
+#include "util/runtime.h"
 #include "vit/build_config.h"
 
 int main(int argc, char** argv) {
   using namespace vit::app;
+  vit::configure_allocator();
   CLI::App app{"vit " VIT_VERSION
                ": train, evaluate and inspect Vision Transformers.\n\n"
                "Exit status: 0 success; 1 runtime error (unreadable or corrupt file, diverged training, ...); "

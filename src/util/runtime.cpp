@@ -5,6 +5,11 @@
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -12,6 +17,18 @@
 #include <thread>
 
 namespace vit {
+
+void configure_allocator() {
+#if defined(__GLIBC__)
+  // glibc serves blocks above a moving threshold (128 KiB at first) with mmap and trims the heap top as soon as
+  // 128 KiB lie free, so every training step faults in and zeroes the activation memory the previous step gave
+  // back: 20-27% of a small model's step on the test machine. Blocks up to 32 MiB (the largest mmap threshold glibc
+  // accepts) now stay in the heap and the heap is never trimmed, so one step's memory serves the next; the
+  // process's footprint is its peak, as with PyTorch's own caching allocators.
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) mallopt(M_TRIM_THRESHOLD, -1);
+#endif
+}
 
 int configure_threads(int threads) {
   if (threads < 0) {

@@ -7,6 +7,9 @@
 
 namespace vit {
 
+// Keeps freed memory in the process instead of handing it back to the kernel after every step (glibc malloc;
+// nothing elsewhere). Call once at start-up, before threads allocate; MALLOC_*_ environment variables still win.
+void configure_allocator();
 // Sets libtorch's intra-op threads (0 = all cores); Debian's libtorch otherwise starts with one thread.
 int configure_threads(int threads);
 // "auto" picks CUDA when this libtorch has it and a GPU is visible; "cuda" without one throws.
