@@ -1,4 +1,7 @@
-// `vit predict`: classify image files and folders with a trained model; decoding overlaps inference.
+// `vit predict`: classify image files and folders with a trained model; images decode in parallel, and overlap the
+// model on a GPU.
+#include <ATen/Parallel.h>
+
 #include <cstdio>
 #include <future>
 #include <iostream>
@@ -38,16 +41,31 @@ struct PreparedBatch {
   std::vector<std::pair<std::string, std::string>> errors;  // (path, message)
 };
 
+// Decodes and preprocesses a batch, one image per task across libtorch's intra-op threads (each image's resize then
+// runs on its own thread, as a nested parallel region runs inline).
 PreparedBatch prepare(const std::vector<std::string>& paths, const LoadedModel& model) {
+  const auto count = static_cast<int64_t>(paths.size());
+  std::vector<torch::Tensor> decoded(paths.size());
+  std::vector<std::string> failed(paths.size());
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      try {
+        decoded[i] = preprocess(decode_image(paths[i]), model.preprocess, model.model.img_h, model.model.img_w,
+                                model.model.in_chans);
+      } catch (const std::exception& e) {
+        failed[i] = e.what();
+        if (failed[i].empty()) failed[i] = "could not be decoded";
+      }
+    }
+  });
   PreparedBatch batch;
   std::vector<torch::Tensor> rows;
-  for (const auto& path : paths) {
-    try {
-      rows.push_back(preprocess(decode_image(path), model.preprocess, model.model.img_h, model.model.img_w,
-                                model.model.in_chans));
-      batch.paths.push_back(path);
-    } catch (const std::exception& e) {
-      batch.errors.emplace_back(path, e.what());
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (decoded[i].defined()) {
+      rows.push_back(decoded[i]);
+      batch.paths.push_back(paths[i]);
+    } else {
+      batch.errors.emplace_back(paths[i], failed[i]);
     }
   }
   if (!rows.empty()) batch.images = torch::stack(rows);
@@ -73,19 +91,29 @@ int run_predict(const PredictOptions& options) {
   auto report_error = [&](const std::string& path, const std::string& message) {
     ++failures;
     log::error(message);
-    results.push_back({{"image", path}, {"error", message}});
-    if (!options.json) std::printf("%s: error: %s\n", path.c_str(), message.c_str());
+    if (options.json) {
+      results.push_back({{"image", path}, {"error", message}});
+    } else {
+      std::printf("%s: error: %s\n", path.c_str(), message.c_str());
+    }
   };
 
   c10::InferenceMode inference;
-  // Decode the next batch on another thread while this one runs through the model.
-  auto next = std::async(std::launch::async, prepare, chunks[0], std::cref(model));
+  // On a GPU the CPU decodes the next batch while the current one runs. On the CPU decoding and the model share the
+  // cores: each uses all of them in turn (a decoding thread beside the model's threads would only make both wait).
+  const bool overlap = device.is_cuda();
+  std::future<PreparedBatch> next;
+  if (overlap) next = std::async(std::launch::async, prepare, chunks[0], std::cref(model));
   for (size_t c = 0; c < chunks.size(); ++c) {
-    PreparedBatch batch = next.get();
-    if (c + 1 < chunks.size()) next = std::async(std::launch::async, prepare, chunks[c + 1], std::cref(model));
+    PreparedBatch batch = overlap ? next.get() : prepare(chunks[c], model);
+    if (overlap && c + 1 < chunks.size()) {
+      next = std::async(std::launch::async, prepare, chunks[c + 1], std::cref(model));
+    }
     for (const auto& [path, message] : batch.errors) report_error(path, message);
     if (batch.paths.empty()) continue;
-    auto logits = model.net->forward(batch.images.to(device)).to(torch::kCPU, torch::kFloat32);  // (B, K)
+    torch::Tensor input = batch.images;
+    if (device.is_cuda()) input = input.pin_memory().to(device, /*non_blocking=*/true);
+    auto logits = model.net->forward(input).to(torch::kCPU, torch::kFloat32);  // (B, K)
     auto probs = logits.softmax(-1);
     auto [top_p, top_i] = probs.topk(topk, -1);
     for (size_t r = 0; r < batch.paths.size(); ++r) {
@@ -100,10 +128,13 @@ int run_predict(const PredictOptions& options) {
         std::snprintf(cell, sizeof cell, "%s %s (%.4f)", k ? "," : "", model.class_names[index].c_str(), p);
         line += cell;
       }
+      if (!options.json) {
+        std::printf("%s\n", line.c_str());
+        continue;
+      }
       auto row_logits = logits[row].contiguous();
       std::vector<float> all(row_logits.data_ptr<float>(), row_logits.data_ptr<float>() + row_logits.numel());
       results.push_back({{"image", batch.paths[r]}, {"topk", top}, {"logits", all}});
-      if (!options.json) std::printf("%s\n", line.c_str());
     }
   }
   if (options.json) std::cout << results.dump(2) << "\n";

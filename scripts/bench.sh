@@ -2,10 +2,12 @@
 # Compares `vit bench` with the same model and training step in plain PyTorch (scripts/bench_pytorch.py) on the same
 # models, batch sizes and thread count. Runs alternate between the two so that drift in machine load hits both; the
 # table shows medians over the repeats and our/PyTorch ratios (higher is better for img/s, lower for latency).
+# Then whole `vit predict` processes (scripts/bench_predict.py): one image with ViT-Ti/16 and ViT-B/16 (time and peak
+# memory), and a folder of 1,000 JPEGs (img/s, busy cores).
 #
 #   scripts/bench.sh [--vit PATH] [--threads N] [--repeats R] [--quick]
 #
-# Needs a built `vit` (default: build/vit) and Debian's python3-torch (/usr/bin/python3).
+# Needs a built `vit` (default: build/vit) and Debian's python3-torch and python3-pil (/usr/bin/python3).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -x "$vit" ] || { echo "no vit binary at $vit (build it, or pass --vit PATH)" >&2; exit 1; }
-"$python" -c 'import torch' 2>/dev/null || { echo "$python cannot import torch (apt install python3-torch)" >&2; exit 1; }
+"$python" -c 'import torch, PIL' 2>/dev/null || { echo "$python cannot import torch and PIL (apt install python3-torch python3-pil)" >&2; exit 1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -103,3 +105,9 @@ print("sgemm peak (torch::mm, median of runs): vit %.1f GFLOP/s, PyTorch %.1f GF
     statistics.median(r["result"]["peak_gflops"] for r in rows if r["framework"] == "vit"),
     statistics.median(r["result"]["peak_gflops"] for r in rows if r["framework"] == "pytorch")))
 EOF
+
+if [ $quick = 1 ]; then
+  "$python" "$root/scripts/bench_predict.py" --vit "$vit" --threads "$threads" --images 16 --repeats 1
+else
+  "$python" "$root/scripts/bench_predict.py" --vit "$vit" --threads "$threads" --repeats "$repeats"
+fi
