@@ -115,5 +115,31 @@ TEST(CpuKernels, ModelFastPathMatchesExplicitPath) {
   EXPECT_LT(test::max_abs_diff(fast, explicit_logits), 1e-5);
 }
 
+// The patch embedding as a linear layer over flattened patches (the CPU path) against the convolution it replaces:
+// outputs and the gradients of the input and of the conv weight and bias, including an input whose size is not a
+// multiple of the patch (the convolution drops the remainder).
+TEST(CpuKernels, PatchEmbedMatchesItsConvolution) {
+  ModelConfig config;
+  config.img_h = config.img_w = 28;
+  config.patch_size = 7;
+  config.in_chans = 2;
+  config.embed_dim = 24;
+  torch::manual_seed(0);
+  PatchEmbed embed(config);
+  for (const auto& size : {std::vector<int64_t>{3, 2, 28, 28}, std::vector<int64_t>{1, 2, 30, 23}}) {
+    auto x = torch::randn(size, torch::requires_grad());
+    const auto expected = embed->proj->forward(x).flatten(2).transpose(1, 2);  // (B, gh*gw, D)
+    const auto actual = embed->forward(x);
+    ASSERT_EQ(actual.sizes(), expected.sizes());
+    EXPECT_LT(test::max_abs_diff(actual, expected), 1e-5);
+    const std::vector<torch::Tensor> inputs{x, embed->proj->weight, embed->proj->bias};
+    const auto expected_grads = grads_of(expected, inputs);
+    const auto actual_grads = grads_of(actual, inputs);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      EXPECT_LT(test::max_abs_diff(actual_grads[i], expected_grads[i]), 1e-4) << "input " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace vit

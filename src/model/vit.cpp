@@ -61,6 +61,18 @@ PatchEmbedImpl::PatchEmbedImpl(const ModelConfig& config) : patch_size(config.pa
 }
 
 torch::Tensor PatchEmbedImpl::forward(const torch::Tensor& x) {
+  if (x.device().is_cpu()) {
+    // A stride-P P x P convolution is a linear layer over the flattened patches: on the CPU that goes through the
+    // fast sgemm instead of im2col plus the reference BLAS (the conv weight (D, C, P, P) is viewed as (D, C*P*P)).
+    const int64_t B = x.size(0), C = x.size(1), P = patch_size;
+    const int64_t gh = x.size(2) / P, gw = x.size(3) / P;  // a remainder is dropped, as the convolution drops it
+    auto patches = x.narrow(2, 0, gh * P)
+                       .narrow(3, 0, gw * P)
+                       .reshape({B, C, gh, P, gw, P})
+                       .permute({0, 2, 4, 1, 3, 5})
+                       .reshape({B, gh * gw, C * P * P});  // (B, gh*gw, C*P*P), rows of patches in (c, y, x) order
+    return linear(patches, proj->weight.view({proj->weight.size(0), C * P * P}), proj->bias);
+  }
   auto y = proj->forward(x);           // (B, D, gh, gw)
   return y.flatten(2).transpose(1, 2);  // (B, gh*gw, D), row by row
 }
