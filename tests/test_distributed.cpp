@@ -579,6 +579,36 @@ TEST(DistFailure, KilledRankMakesTheOtherExitWithAMessageAndResumeContinues) {
   EXPECT_NE(slurp(dir.file("run/summary.csv")).find("\n3,"), std::string::npos);
 }
 
+// A loss that is not finite on one rank only (here: rank 1 alone runs with an absurd learning rate, so its weights
+// blow up after its first update): both ranks stop at the same step with the cause, instead of the healthy rank
+// waiting for a peer that died.
+TEST(DistFailure, NonFiniteLossOnOneRankStopsEveryRankWithTheCause) {
+  SKIP_WITHOUT_C10D();
+  test::TempDir dir;
+  test::write_idx_dataset(dir.file("data"), 256, 64);
+  const auto config = write_config(dir.file("config.json"), dir.file("data"),
+                                   {{"epochs", 1}, {"checkpoint_interval", 0}, {"clip_grad", 0}}, false);
+  for (const char* d : {"rank0", "rank1"}) fs::create_directories(dir.file(d));
+  const int port = free_port();
+  VitProcess rank0({"train", "--config", config, "--out", "run"}, rank_environment(0, 2, port), dir.file("rank0"),
+                   dir.file("rank0"));
+  VitProcess rank1({"train", "--config", config, "--out", "run", "--set", "train.lr=1e30", "--set",
+                    "train.warmup_epochs=0"},
+                   rank_environment(1, 2, port), dir.file("rank1"), dir.file("rank1"));
+  EXPECT_EQ(rank0.finish(), 1) << rank0.errors();
+  EXPECT_EQ(rank1.finish(), 1) << rank1.errors();
+  const std::regex healthy("training diverged: loss is [-a-z0-9.]+ at step ([0-9]+) \\(epoch 1\\) on 1 of 2 ranks;");
+  const std::regex culprit("training diverged: loss is [-a-z]+ at step ([0-9]+) \\(epoch 1\\) on 1 of 2 ranks "
+                           "\\(this one included\\);");
+  std::smatch at0, at1;
+  const std::string errors0 = rank0.errors(), errors1 = rank1.errors();
+  ASSERT_TRUE(std::regex_search(errors0, at0, healthy)) << errors0;
+  ASSERT_TRUE(std::regex_search(errors1, at1, culprit)) << errors1;
+  std::cout << "rank 0: " << at0[0] << "\nrank 1: " << at1[0] << "\n";
+  EXPECT_EQ(at0[1], at1[1]) << "the ranks stopped at different steps";
+  EXPECT_EQ(errors0.find("peer"), std::string::npos) << errors0;
+}
+
 TEST(DistFailure, StoppedRankTimesOutInsteadOfHanging) {
   SKIP_WITHOUT_C10D();
   test::TempDir dir;

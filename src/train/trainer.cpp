@@ -428,6 +428,7 @@ TrainResult train(const TrainRequest& request, const TrainHooks& hooks) {
       const auto step_start = Clock::now();
       optimizer.zero_grad();
       double step_loss = 0.0;
+      double bad_loss = 0.0;  // this rank's first non-finite loss of the step (0 = none)
       for (int64_t micro = 0; micro < tc.accum_steps; ++micro) {
         auto batch = train_loader.next();
         if (!batch) throw std::runtime_error("data loader ended early in epoch " + std::to_string(rs.epoch + 1));
@@ -440,12 +441,8 @@ TrainResult train(const TrainRequest& request, const TrainHooks& hooks) {
           loss = classification_loss(net->forward(images), labels, soft, tc.label_smoothing);
         }
         const double value = loss.item<double>();
-        if (!std::isfinite(value)) {
-          throw std::runtime_error("training diverged: loss is " + std::to_string(value) + " at step " +
-                                   std::to_string(rs.global_step + 1) + " (epoch " + std::to_string(rs.epoch + 1) +
-                                   "); the last good checkpoint in " + run_dir +
-                                   " is untouched (try a lower train.lr or train.clip_grad)");
-        }
+        if (!std::isfinite(value) && bad_loss == 0.0) bad_loss = value;
+        if (bad_loss != 0.0 && env.world_size == 1) break;
         step_loss += value / static_cast<double>(tc.accum_steps);
         if (micro + 1 == tc.accum_steps) reducer.arm();  // this backward completes the step's gradients
         (loss * ((fp16 ? rs.loss_scale : 1.0) / static_cast<double>(tc.accum_steps))).backward();
@@ -455,9 +452,23 @@ TrainResult train(const TrainRequest& request, const TrainHooks& hooks) {
       interval_comm_s += seconds_since(comm_start);
       // One small all-reduce: the loss over all ranks (what one process with the global batch would log), and
       // whether any rank was asked to stop (a signal may reach one rank only), so that all stop after this step.
-      const auto shared = sum_over_ranks(*comm, {step_loss, stop_requested() ? 1.0 : 0.0});
+      // A rank whose loss is not finite still ran its backward (its peers' all-reduce needs its gradients), and says
+      // so here: every rank then stops with the cause, not only the rank that saw it.
+      const auto shared = sum_over_ranks(
+          *comm, {step_loss, stop_requested() ? 1.0 : 0.0, bad_loss != 0.0 ? 1.0 : 0.0});
       step_loss = shared[0] / env.world_size;
       const bool stop_now = shared[1] > 0.0;
+      if (shared[2] > 0.0) {
+        std::string where;
+        if (env.world_size > 1) {
+          where = " on " + std::to_string(static_cast<int64_t>(shared[2])) + " of " +
+                  std::to_string(env.world_size) + " ranks" + (bad_loss != 0.0 ? " (this one included)" : "");
+        }
+        throw std::runtime_error("training diverged: loss is " + std::to_string(bad_loss != 0.0 ? bad_loss : step_loss) +
+                                 " at step " + std::to_string(rs.global_step + 1) + " (epoch " +
+                                 std::to_string(rs.epoch + 1) + ")" + where + "; the last good checkpoint in " +
+                                 run_dir + " is untouched (try a lower train.lr or train.clip_grad)");
+      }
       if (fp16) optimizer.grads().div_(rs.loss_scale);
       const double grad_norm = optimizer.clip_grad_norm(tc.clip_grad);
       const double lr = schedule.lr_at(rs.global_step);
