@@ -18,36 +18,13 @@
 #include "data/dataset.h"
 #include "data/image.h"
 #include "data/loader.h"
+#include "test_util.h"
 
 namespace vit {
 namespace {
 
-namespace stdfs = std::filesystem;
-
-// A fresh directory under the system temp dir, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (stdfs::temp_directory_path() / "vit_test_data_XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    stdfs::remove_all(path_, ignored);
-  }
-  std::string operator/(const std::string& name) const { return (stdfs::path(path_) / name).string(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
+using test::TempDir;
+using test::write_bytes;
 
 void write_gz(const std::string& path, const std::string& bytes) {
   gzFile file = gzopen(path.c_str(), "wb");

@@ -16,36 +16,15 @@
 #include "image/decode.h"
 #include "image/randaugment.h"
 #include "util/fs.h"
+#include "test_util.h"
 
 namespace vit {
 namespace {
 
 namespace stdfs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (stdfs::temp_directory_path() / "vit_test_image_XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    stdfs::remove_all(path_, ignored);
-  }
-  std::string operator/(const std::string& name) const { return (stdfs::path(path_) / name).string(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  stdfs::create_directories(stdfs::path(path).parent_path());
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
+using test::TempDir;
+using test::write_bytes;
 
 // Writes an 8-bit BGR image whose colour encodes `value`, creating parent folders.
 void write_png(const std::string& path, int value, int size = 6) {

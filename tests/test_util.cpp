@@ -25,6 +25,15 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, error);
 }
 
+void write_bytes(const std::string& path, const std::string& bytes) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out) throw std::runtime_error(path + ": cannot write the test file");
+}
+
 CommandResult run_vit(const std::string& arguments) {
   TempDir scratch;
   const std::string out = scratch.file("stdout"), err = scratch.file("stderr");

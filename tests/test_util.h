@@ -16,10 +16,14 @@ class TempDir {
   ~TempDir();
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
+  std::string operator/(const std::string& name) const { return file(name); }
 
  private:
   std::string path_;
 };
+
+// Writes `bytes` to `path`, creating parent folders; throws naming the path when that fails.
+void write_bytes(const std::string& path, const std::string& bytes);
 
 struct CommandResult {
   int status = -1;     // exit status (or -1 when killed by a signal)
