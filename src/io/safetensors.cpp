@@ -291,7 +291,7 @@ Archive parse(std::string bytes, const std::string& path_for_errors) {
 
 torch::Tensor Archive::tensor(const TensorInfo& info, bool as_float32) const {
   uint64_t nbytes = 0;
-  check_fits(info, bytes.size() - data_start, path, nbytes);
+  check_fits(info, bytes.size() >= data_start ? bytes.size() - data_start : 0, path, nbytes);
   torch::Tensor raw = storage_for(info);
   if (nbytes > 0) std::memcpy(raw.data_ptr(), bytes.data() + data_start + info.begin, nbytes);
   return finish_tensor(info, raw, as_float32);
