@@ -24,6 +24,7 @@ namespace vit {
 namespace {
 
 using test::TempDir;
+using test::error_of;
 using test::write_bytes;
 
 void write_gz(const std::string& path, const std::string& bytes) {
@@ -72,16 +73,6 @@ std::string cifar_records(int64_t count, int64_t label_bytes, int64_t first_labe
     }
   }
   return bytes;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "(no error)";
 }
 
 DataConfig mnist_config(const TempDir& dir) {

@@ -24,6 +24,7 @@ namespace {
 namespace stdfs = std::filesystem;
 
 using test::TempDir;
+using test::error_of;
 using test::write_bytes;
 
 // Writes an 8-bit BGR image whose colour encodes `value`, creating parent folders.
@@ -38,16 +39,6 @@ cv::Mat noise_image(int rows, int cols, int type, uint64_t seed) {
   cv::RNG rng(seed);
   rng.fill(image, cv::RNG::UNIFORM, 0, 256);
   return image;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "(no error)";
 }
 
 void expect_error(const std::string& path, const std::string& phrase) {

@@ -1,6 +1,7 @@
 // Shared test helpers: reference data paths, temporary directories, running the `vit` binary.
 #pragma once
 
+#include <stdexcept>
 #include <string>
 
 #include <torch/torch.h>
@@ -24,6 +25,17 @@ class TempDir {
 
 // Writes `bytes` to `path`, creating parent folders; throws naming the path when that fails.
 void write_bytes(const std::string& path, const std::string& bytes);
+
+// The message of the std::exception `action` throws, or "(no error)" when it throws none.
+template <typename Action>
+std::string error_of(Action&& action) {
+  try {
+    action();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
 
 struct CommandResult {
   int status = -1;     // exit status (or -1 when killed by a signal)
