@@ -53,20 +53,6 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    throw std::runtime_error("cannot find a free port");
-  }
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
 ModelConfig tiny_model() {
   ModelConfig m;
   m.img_h = m.img_w = 16;
@@ -232,7 +218,7 @@ std::vector<json> metrics_lines(const std::string& path) {
 
 // Runs `body(comm)` for ranks 0 and 1 of a fresh loopback group, each on its own thread.
 void with_two_ranks(const std::function<void(Communicator&)>& body) {
-  const int port = free_port();
+  const int port = test::free_port();
   TrainConfig train;
   train.dist_backend = "gloo";
   train.dist_timeout_s = 30;
@@ -382,7 +368,11 @@ class IndexDataset : public Dataset {
   Sample get(int64_t index) const override {
     return {RawImage{1, 1, 1, {static_cast<uint8_t>(index % 251)}}, index % 10};
   }
-  std::string source(int64_t index) const override { return "#" + std::to_string(index); }
+  std::string source(int64_t index) const override {
+    std::string text = "#";  // appended: GCC 12 (C++20) warns falsely on "#" + std::string&&
+    text += std::to_string(index);
+    return text;
+  }
   int64_t label(int64_t index) const override { return index % 10; }
   const std::vector<std::string>& class_names() const override { return names_; }
 
@@ -449,7 +439,7 @@ TEST(DistTrain, TwoRanksOfBatch8MatchOneRankOfBatch16AndOnlyRank0Writes) {
   VitProcess single({"train", "--config", config1, "--out", "run"}, {}, dir.file("single"), dir.file("single"));
   ASSERT_EQ(single.finish(), 0) << single.errors();
 
-  const int port = free_port();
+  const int port = test::free_port();
   VitProcess rank0({"train", "--config", config2, "--out", "run"}, rank_environment(0, 2, port), dir.file("rank0"),
                    dir.file("rank0"));
   VitProcess rank1({"train", "--config", config2, "--out", "run"}, rank_environment(1, 2, port), dir.file("rank1"),
@@ -551,7 +541,7 @@ TEST(DistFailure, KilledRankMakesTheOtherExitWithAMessageAndResumeContinues) {
   test::TempDir dir;
   test::write_idx_dataset(dir.file("data"), 1024, 64);
   const auto config = write_config(dir.file("config.json"), dir.file("data"), {{"epochs", 3}}, false);
-  const int port = free_port();
+  const int port = test::free_port();
   VitProcess rank0({"train", "--config", config, "--out", dir.file("run")}, rank_environment(0, 2, port), dir.path(),
                    dir.file("rank0"));
   VitProcess rank1({"train", "--config", config, "--out", dir.file("run")}, rank_environment(1, 2, port), dir.path(),
@@ -567,7 +557,7 @@ TEST(DistFailure, KilledRankMakesTheOtherExitWithAMessageAndResumeContinues) {
   EXPECT_NE(rank0.errors().find("failed (a peer died"), std::string::npos) << rank0.errors();
 
   // The last good state survives, and both ranks continue from it.
-  const int port2 = free_port();
+  const int port2 = test::free_port();
   VitProcess resume0({"train", "--resume", dir.file("run")}, rank_environment(0, 2, port2), dir.path(),
                      dir.file("resume0"));
   VitProcess resume1({"train", "--resume", dir.file("run")}, rank_environment(1, 2, port2), dir.path(),
@@ -589,7 +579,7 @@ TEST(DistFailure, NonFiniteLossOnOneRankStopsEveryRankWithTheCause) {
   const auto config = write_config(dir.file("config.json"), dir.file("data"),
                                    {{"epochs", 1}, {"checkpoint_interval", 0}, {"clip_grad", 0}}, false);
   for (const char* d : {"rank0", "rank1"}) fs::create_directories(dir.file(d));
-  const int port = free_port();
+  const int port = test::free_port();
   VitProcess rank0({"train", "--config", config, "--out", "run"}, rank_environment(0, 2, port), dir.file("rank0"),
                    dir.file("rank0"));
   VitProcess rank1({"train", "--config", config, "--out", "run", "--set", "train.lr=1e30", "--set",
@@ -615,7 +605,7 @@ TEST(DistFailure, StoppedRankTimesOutInsteadOfHanging) {
   test::write_idx_dataset(dir.file("data"), 1024, 64);
   const auto config =
       write_config(dir.file("config.json"), dir.file("data"), {{"epochs", 3}, {"dist_timeout_s", 5}}, false);
-  const int port = free_port();
+  const int port = test::free_port();
   VitProcess rank0({"train", "--config", config, "--out", dir.file("run")}, rank_environment(0, 2, port), dir.path(),
                    dir.file("rank0"));
   VitProcess rank1({"train", "--config", config, "--out", dir.file("run")}, rank_environment(1, 2, port), dir.path(),
@@ -638,7 +628,7 @@ TEST(DistFailure, MissingRankFailsTheRendezvousWithinTheTimeout) {
   test::write_idx_dataset(dir.file("data"), 64, 16);
   const auto config = write_config(dir.file("config.json"), dir.file("data"), {{"dist_timeout_s", 3}}, false);
   const auto start = Clock::now();
-  VitProcess rank0({"train", "--config", config, "--out", dir.file("run")}, rank_environment(0, 2, free_port()),
+  VitProcess rank0({"train", "--config", config, "--out", dir.file("run")}, rank_environment(0, 2, test::free_port()),
                    dir.path(), dir.file("rank0"));
   EXPECT_EQ(rank0.finish(3 + 40), 1) << rank0.errors();
   std::cout << "rank 0 alone gave up after " << std::chrono::duration<double>(Clock::now() - start).count()

@@ -8,7 +8,13 @@
 
 namespace vit::test {
 
-inline std::string data_path(const std::string& name) { return std::string(VIT_TEST_DATA) + "/" + name; }
+// Appended: GCC 12 in C++20 mode warns falsely (-Warray-bounds) on std::string + "/" + name here.
+inline std::string data_path(const std::string& name) {
+  std::string path = VIT_TEST_DATA;
+  path += '/';
+  path += name;
+  return path;
+}
 
 // A fresh empty directory under the system temp dir, removed when the object dies.
 class TempDir {
@@ -49,6 +55,9 @@ CommandResult run_vit(const std::string& arguments);
 // bright 4x4 square in quadrant k and background level 20 + 30k, plus noise (the brightness makes it learnable in a
 // few steps; the square needs position embeddings).
 void write_idx_dataset(const std::string& dir, int train_count, int test_count);
+
+// A TCP port on 127.0.0.1 that nothing listens on right now (for a rendezvous store).
+int free_port();
 
 // max |a - b| over all elements.
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b);

@@ -23,6 +23,7 @@
 #include "train/trainer.h"
 #include "util/log.h"
 #include "util/runtime.h"
+#include "vit/build_config.h"
 
 #if VIT_WITH_CUDA_STATS
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -136,6 +136,17 @@ std::string num(double v) {
   return s.str();
 }
 
+// "[low, high]", built by appending: GCC 12 in C++20 mode warns falsely (-Wstringop-overflow) on "[" + std::string&&.
+template <typename Pair>
+std::string interval(const Pair& range) {
+  std::string text = "[";
+  text += num(range[0]);
+  text += ", ";
+  text += num(range[1]);
+  text += "]";
+  return text;
+}
+
 void check_range(double v, double lo, double hi, bool hi_open, const std::string& source, const std::string& path) {
   const bool ok = v >= lo && (hi_open ? v < hi : v <= hi);
   check(ok, source, path, num(v) + " is out of range [" + num(lo) + ", " + num(hi) + (hi_open ? ")" : "]"));
@@ -275,9 +286,9 @@ AugmentConfig parse_augment(const json& section_json, const std::string& source)
   s.read("switch_prob", a.switch_prob);
   s.finish();
   check(a.scale[0] > 0 && a.scale[0] <= a.scale[1] && a.scale[1] <= 1, source, "data.augment.scale",
-        "[" + num(a.scale[0]) + ", " + num(a.scale[1]) + "] must satisfy 0 < low <= high <= 1");
+        interval(a.scale) + " must satisfy 0 < low <= high <= 1");
   check(a.ratio[0] > 0 && a.ratio[0] <= a.ratio[1], source, "data.augment.ratio",
-        "[" + num(a.ratio[0]) + ", " + num(a.ratio[1]) + "] must satisfy 0 < low <= high");
+        interval(a.ratio) + " must satisfy 0 < low <= high");
   check(a.pad_crop >= 0, source, "data.augment.pad_crop", std::to_string(a.pad_crop) + " must be >= 0");
   check_range(a.hflip, 0, 1, false, source, "data.augment.hflip");
   check(a.randaugment_ops >= 0, source, "data.augment.randaugment_ops",

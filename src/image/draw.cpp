@@ -136,7 +136,7 @@ void plot_confusion(const std::string& path, const torch::Tensor& confusion, con
     }
     if (K <= 30) {
       std::string name = r < static_cast<int>(names.size()) ? names[r] : std::to_string(r);
-      if (name.size() > 18) name = name.substr(0, 17) + "~";
+      if (name.size() > 18) name.replace(17, std::string::npos, "~");
       cv::putText(canvas, name, {5, margin_top + r * cell + cell / 2 + 4}, cv::FONT_HERSHEY_SIMPLEX, 0.4, kBlack, 1,
                   cv::LINE_AA);
     }

@@ -49,7 +49,13 @@ std::string printable(const std::string& text) {
   return out;
 }
 
-std::string quoted(const std::string& name) { return "'" + printable(name) + "'"; }
+// Appended, not "'" + std::string&&: GCC 12 in C++20 mode warns falsely (-Wstringop-overflow) on that.
+std::string quoted(const std::string& name) {
+  std::string out = "'";
+  out += printable(name);
+  out += "'";
+  return out;
+}
 
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string out = "[";
