@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
-# Installs what building, testing and the demo need, from Debian 12 packages; installs only what is missing.
-# Works as root or through sudo. With Torch_DIR or CMAKE_PREFIX_PATH pointing at your own LibTorch (e.g. an
-# official CUDA build), Debian's libtorch-dev is left alone and CMake uses yours.
+# Installs what building, testing and the demo need, from Debian 12 packages (and, for the LibTorch 2.x build, PyPI);
+# installs only what is missing. Works as root or through sudo.
+#
+# VIT_LIBTORCH chooses the LibTorch to build against:
+#   debian (default)  Debian's libtorch-dev 1.13.1, CPU only.
+#   pip               PyTorch's own wheel from PyPI (CUDA-enabled, with LibTorch inside) in the project-local
+#                     virtual environment .venv/ (or $VIT_VENV); scripts/build.sh then builds into build-pip/.
+# With Torch_DIR or CMAKE_PREFIX_PATH pointing at your own LibTorch, Debian's libtorch-dev is left alone.
 set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+libtorch=${VIT_LIBTORCH:-debian}
+
+# The wheel is pinned, never a silent "latest": torch 2.14.1 is the newest release whose default wheel is built for
+# CUDA 13.0 (its cuda-toolkit dependency is 13.0.3), the toolkit these machines carry, so LibTorch's CMake config, the
+# toolkit's headers and the CUDA runtime the wheel brings agree. 2.15.0's default wheel moved to CUDA 13.2. 2.14's
+# headers require C++20 (CMakeLists.txt switches to it). Its C++ ABI is the new one (_GLIBCXX_USE_CXX11_ABI=1), as
+# Debian's, so Debian's OpenCV, GoogleTest and spdlog link with it.
+torch_version=${VIT_TORCH_VERSION:-2.14.1}
 
 packages=(cmake g++ make pkg-config libopenblas0-openmp libopencv-dev libcli11-dev libspdlog-dev
           nlohmann-json3-dev libgtest-dev googletest zlib1g-dev dataset-fashion-mnist libgloo-dev
@@ -11,11 +25,17 @@ packages=(cmake g++ make pkg-config libopenblas0-openmp libopencv-dev libcli11-d
 if [[ "${VIT_SETUP_TEST_EXTRAS:-0}" == 1 ]]; then
   packages+=(chromium python3-torch)
 fi
-if [[ -z "${Torch_DIR:-}" && "${CMAKE_PREFIX_PATH:-}" != *orch* ]]; then
-  packages+=(libtorch-dev)
-else
-  echo "setup: using your LibTorch (Torch_DIR=${Torch_DIR:-} CMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH:-}); not installing libtorch-dev"
-fi
+case "$libtorch" in
+  debian)
+    if [[ -z "${Torch_DIR:-}" && "${CMAKE_PREFIX_PATH:-}" != *orch* ]]; then
+      packages+=(libtorch-dev)
+    else
+      echo "setup: using your LibTorch (Torch_DIR=${Torch_DIR:-} CMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH:-}); not installing libtorch-dev"
+    fi
+    ;;
+  pip) packages+=(python3-venv) ;;
+  *) echo "setup: VIT_LIBTORCH=$libtorch is not one of: debian, pip" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
@@ -23,15 +43,26 @@ for p in "${packages[@]}"; do
 done
 if ((${#missing[@]} == 0)); then
   echo "setup: all packages present"
-  exit 0
+else
+  sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -q
+  "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-sudo=()
-if [[ $(id -u) -ne 0 ]]; then
-  command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-  sudo=(sudo)
+if [[ "$libtorch" == pip ]]; then
+  venv=${VIT_VENV:-$root/.venv}
+  [[ -x "$venv/bin/python" ]] || { echo "setup: creating $venv"; /usr/bin/python3 -m venv "$venv"; }
+  have=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
+  if [[ "$have" != "$torch_version"* ]]; then
+    echo "setup: installing torch==$torch_version into $venv (PyPI's default wheel, about 5 GB with its CUDA libraries)"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_version"
+  else
+    echo "setup: torch $have present in $venv"
+  fi
 fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo[@]}" apt-get update -q
-"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
