@@ -109,6 +109,8 @@ torch::Tensor relative_position_index(int64_t trained_h, int64_t trained_w, int6
 
 // ---- Attention ----
 
+bool sdpa_available() { return TORCH_VERSION_MAJOR >= 2; }
+
 AttentionImpl::AttentionImpl(const ModelConfig& config)
     : num_heads(config.num_heads),
       head_dim(config.head_dim()),
@@ -142,11 +144,15 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t,
   const auto fused = linear(x, qkv->weight, qkv->bias);  // (B, N, 3D)
   const bool dropping = is_training() && attn_drop > 0.0;
   const bool plain = !mask.defined() && !relative_position_bias_table.defined() && !dropping && !head_mask.defined();
-  if (plain && probs_out == nullptr && attention_core_applies(fused)) {
+  if (kernel == AttentionKernel::automatic && !sdpa_available() && plain && probs_out == nullptr &&
+      attention_core_applies(fused)) {
     // CPU float32: q, k, v read in place from the fused projection, heads in parallel (model/cpu_kernels.h).
     auto merged = linear(attention_core(fused, num_heads, scale), proj->weight, proj->bias);  // (B, N, D)
     if (proj_drop > 0.0 && is_training()) merged = torch::dropout(merged, /*p=*/proj_drop, /*train=*/true);
     return merged;
+  }
+  if (kernel == AttentionKernel::sdpa && !sdpa_available()) {
+    throw std::invalid_argument("attention kernel sdpa needs LibTorch >= 2.0; this vit is built against " TORCH_VERSION);
   }
   auto qkv_out = fused.reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});  // (3, B, nh, N, hd)
   auto q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];  // (B, nh, N, hd) each
@@ -154,16 +160,20 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t,
 
   torch::Tensor out;  // (B, nh, N, hd)
 #if TORCH_VERSION_MAJOR >= 2
-  if (allow_fused && probs_out == nullptr) {
-    // Fused kernels (flash / memory-efficient) never materialise the probabilities, so only here.
-    torch::Tensor attn_mask;
+  if (kernel != AttentionKernel::explicit_softmax && probs_out == nullptr) {
+    // Fused kernels (flash / memory-efficient) never materialise the probabilities, so only here. Its default scale
+    // is 1/sqrt(hd), the model's.
+    // bool (true = attend) or additive, broadcastable to (B, nh, N, N); none at all, not an undefined tensor, when
+    // there is no mask (2.x rejects an undefined one).
+    std::optional<torch::Tensor> attn_mask;
     if (mask.defined()) attn_mask = mask;
     if (bias.defined()) {
       auto additive = bias.unsqueeze(0).to(q.dtype());  // (1, nh, N, N)
       if (mask.defined()) additive = additive.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
       attn_mask = additive;
     }
-    out = at::scaled_dot_product_attention(q, k, v, attn_mask, dropping ? attn_drop : 0.0, /*is_causal=*/false);
+    out = at::scaled_dot_product_attention(q, k, v, attn_mask, /*dropout_p=*/dropping ? attn_drop : 0.0,
+                                           /*is_causal=*/false);
   } else
 #endif
   {
@@ -366,6 +376,10 @@ void VisionTransformerImpl::set_head_mask(int64_t layer, const std::vector<int64
     mask[h] = 0.0;
   }
   attention->head_mask = mask.to(pos_embed.device());
+}
+
+void VisionTransformerImpl::set_attention_kernel(AttentionKernel kernel) {
+  for (const auto& module : *blocks) module->as<Block>()->attn->kernel = kernel;
 }
 
 int64_t count_parameters(const torch::nn::Module& module) {

@@ -58,6 +58,18 @@ TORCH_MODULE(PatchEmbed);
 // three class-token entries (class->patch, patch->class, class->class) when there is a class token.
 torch::Tensor relative_position_index(int64_t trained_h, int64_t trained_w, int64_t grid_h, int64_t grid_w,
                                       bool class_token);  // (N, N) int64
+
+// How attention computes softmax(q k^T / sqrt(hd)) v when nothing asks for the probabilities. Where they are asked
+// for (export-attention, Capture::attention), the explicit path always runs: fused kernels never materialise them.
+enum class AttentionKernel {
+  automatic,         // sdpa on LibTorch >= 2; before it, the CPU core kernel (model/cpu_kernels.h) where it applies,
+                     // else explicit
+  sdpa,              // at::scaled_dot_product_attention (flash / memory-efficient / math); LibTorch >= 2 only
+  explicit_softmax,  // q k^T, softmax, @ v written out, as timm's fused_attn=False: the reference for the others
+};
+// True when this build's LibTorch has scaled_dot_product_attention (>= 2.0).
+bool sdpa_available();
+
 struct AttentionImpl : torch::nn::Module {
   AttentionImpl(const ModelConfig& config);
   // x: (B, N, D); grid: the patch grid of x (for the relative bias); mask: optional bool, broadcastable to
@@ -75,7 +87,7 @@ struct AttentionImpl : torch::nn::Module {
   bool class_token;
   double attn_drop, proj_drop;
   torch::Tensor head_mask;  // (nh) 1 = keep, 0 = ablated head; undefined = all heads on
-  bool allow_fused = true;  // LibTorch >= 2: use scaled_dot_product_attention when probabilities are not needed
+  AttentionKernel kernel = AttentionKernel::automatic;
 };
 TORCH_MODULE(Attention);
 
@@ -123,6 +135,8 @@ struct VisionTransformerImpl : torch::nn::Module {
   torch::Tensor pos_embed_for(int64_t grid_h, int64_t grid_w);
   // Zeroes the outputs of the given heads of block `layer` (head ablation); an empty list restores the block.
   void set_head_mask(int64_t layer, const std::vector<int64_t>& heads);
+  // Chooses the attention kernel of every block (tests compare them; AttentionKernel::sdpa needs LibTorch >= 2).
+  void set_attention_kernel(AttentionKernel kernel);
   // Re-initialises all parameters as timm's default init ("jax"-free): trunc-normal(0.02) for Linear and pos_embed,
   // normal(1e-6) for cls_token, zero biases, LayerNorm (1, 0). Deterministic given torch's generator state.
   void reset_parameters();
