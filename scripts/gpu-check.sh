@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One prepared check for a machine with an NVIDIA GPU, PyTorch's bundled LibTorch, CMake and a compiler, and nothing
-# else (no OpenCV, no network): builds vit against that LibTorch, runs the CUDA tests, benches ViT-B/16 in bf16 and
+# else (no OpenCV, no network): builds vit against that LibTorch, runs the CUDA tests (CUDA vs CPU, bf16 and fp16 with
+# loss scaling, NCCL at world size 1, SDPA vs explicit attention), trains ViT-B/16 in bf16 for 200 steps on synthetic
+# data (img/s and model FLOP utilisation against the GPU's bf16 peak), measures batch-1 and batch-256 inference and
 # trains the Fashion-MNIST default on the GPU, then prints a summary. Finishes within 8 minutes.
 #
 # Beforehand, on a machine with the Debian packages: scripts/vendor-deps.sh (fills the git-ignored .deps/), then copy
 # the working tree with .deps/ to the GPU machine and run scripts/gpu-check.sh from anywhere.
 #
 # Environment: PYTHON (default python3, the one with torch), VIT_CMAKE_ARGS (extra configure arguments),
-# VIT_GPU_CHECK_SECONDS (total budget, default 470), VIT_GPU_BUILD_DIR (default build-gpu).
+# VIT_GPU_CHECK_SECONDS (total budget, default 470), VIT_GPU_BUILD_DIR (default build-gpu), VIT_GPU_BF16_TFLOPS (the
+# GPU's dense bf16 peak, for utilisation; known for H100/H200 and A100).
 set -uo pipefail
 
 start=$(date +%s)
@@ -45,6 +48,15 @@ int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.utils.cmake_prefix_path)') || {
   fail "$python cannot import torch (set PYTHON=/path/to/python with PyTorch)"; finish; }
 read -r torch_version torch_cuda torch_gpu cxx11_abi torch_prefix <<< "$torch_info"
 note "PyTorch $torch_version, CUDA $torch_cuda, GPU visible to PyTorch: $torch_gpu, C++11 ABI $cxx11_abi"
+# The prefix that holds lib/ and share/cmake/ (see CMakeLists.txt): LibTorch's libraries are found there first.
+torch_prefix=$(cd "$torch_prefix/../.." && pwd)
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+case "${VIT_GPU_BF16_TFLOPS:-}:$gpu_name" in
+  :*H100*|:*H200*) bf16_tflops=989.4 ;;  # SXM, dense (no sparsity)
+  :*A100*) bf16_tflops=312 ;;
+  :*) bf16_tflops= ;;
+  *) bf16_tflops=$VIT_GPU_BF16_TFLOPS ;;
+esac
 [ -d "$deps/include/nlohmann" ] || { fail "no .deps/ (run scripts/vendor-deps.sh on the Debian machine, copy .deps/)"; finish; }
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 command -v nvcc >/dev/null || echo "   (no nvcc on PATH: LibTorch's CMake config may not find the CUDA toolkit)"
@@ -85,13 +97,13 @@ fi
 if [ -x "$build/tests/test_core" ]; then
   say "CUDA tests"
   limit=$(($(remaining) - 200)); [ $limit -gt 30 ] || limit=30
-  out=$(timeout $limit "$build/tests/test_core" --gtest_filter='Cuda.*:Bench.*' 2>&1)
+  out=$(timeout $limit "$build/tests/test_core" --gtest_filter='Cuda.*:Bench.*:Sdpa.*' 2>&1)
   status=$?
-  echo "$out" | grep -E "^\[ *(RUN|OK|FAILED|SKIPPED|PASSED) *\]|CUDA vs CPU|bf16 loss|Failure|Expected|Which is|skipped" \
+  echo "$out" | grep -E "^\[ *(RUN|OK|FAILED|SKIPPED|PASSED) *\]|CUDA vs CPU|bf16 loss|fp16 with|sdpa vs|50 steps|Failure|Expected|Which is|skipped" \
     | head -60
   if echo "$out" | grep -q "SKIPPED"; then fail "CUDA tests skipped: LibTorch sees no GPU"
   elif [ $status != 0 ]; then fail "CUDA tests (exit $status)"
-  else note "CUDA tests passed: $(echo "$out" | grep -E 'CUDA vs CPU|bf16 loss' | tr '\n' ';')"; fi
+  else note "CUDA tests passed: $(echo "$out" | grep -E 'CUDA vs CPU|bf16 loss|fp16 with|sdpa vs|50 steps' | tr '\n' ';')"; fi
 else
   note "CUDA tests not run (no test_core binary)"
 fi
@@ -103,16 +115,19 @@ bench() {  # label, then vit bench arguments
   local label=$1; shift
   say "bench $label"
   local json
-  if json=$(timeout 120 "$vit" bench --config "$work/vit_base.json" --device cuda --amp bf16 --json "$@"); then
+  if json=$(timeout 150 "$vit" bench --config "$work/vit_base.json" --device cuda --amp bf16 --json "$@"); then
     echo "   $json"
-    note "$label: $("$python" -c 'import json,sys; r=json.loads(sys.argv[1]); print(", ".join(
-      f"{k} {r[k]:.4g}" for k in ("img_per_s","step_ms_p50","latency_ms_p50","batch_latency_ms_p50",
-      "peak_cuda_mb","peak_fraction") if r.get(k) is not None))' "$json")"
+    note "$label: $("$python" -c 'import json,sys; r=json.loads(sys.argv[1]); peak=sys.argv[2]
+figures=[f"{k} {r[k]:.4g}" for k in ("img_per_s","step_ms_p50","latency_ms_p50","batch_latency_ms_p50",
+  "gflops","peak_gflops","peak_fraction","peak_cuda_mb") if r.get(k) is not None]
+g=r.get("gflops")
+if peak and g: figures.append(f"MFU {g / (float(peak) * 1e3):.1%} of {peak} TFLOP/s bf16")
+print(", ".join(figures))' "$json" "$bf16_tflops")"
   else
     fail "vit bench $label"
   fi
 }
-bench "ViT-B/16 bf16 train b256" --mode train --batch-size 256 --steps 10 --warmup 3
+bench "ViT-B/16 bf16 train b256, 200 steps" --mode train --batch-size 256 --steps 200 --warmup 10
 bench "ViT-B/16 bf16 infer b1+b256" --mode infer --batch-size 256 --steps 20 --warmup 5
 
 # ---- train the Fashion-MNIST default on the GPU ----

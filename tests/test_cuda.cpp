@@ -12,10 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "vit/build_config.h"
 #include "model/vit.h"
 #include "test_util.h"
 #include "train/optimizer.h"
 #include "train/amp.h"
+#include "train/distributed.h"
 #include "train/trainer.h"
 
 namespace vit {
@@ -140,6 +142,49 @@ TEST(Cuda, BenchRunsOnCuda) {
   EXPECT_GT(result.train_img_per_s, 0.0);
   EXPECT_GT(result.latency_ms_p50, 0.0);
   EXPECT_GT(result.peak_gflops, 0.0);
+}
+
+TEST(Cuda, Fp16TrainingWithLossScalingLearns) {
+  SKIP_WITHOUT_CUDA();
+  test::TempDir dir;
+  test::write_idx_dataset(dir / "data", 256, 64);
+  nlohmann::json doc{
+      {"model", {{"img_size", 16}, {"patch_size", 4}, {"in_chans", 1}, {"num_classes", 4}, {"embed_dim", 32},
+                 {"depth", 2}, {"num_heads", 2}, {"mlp_ratio", 2.0}}},
+      {"data", {{"format", "mnist"}, {"root", dir / "data"}, {"mean", {0.5}}, {"std", {0.5}}, {"num_workers", 1}}},
+      {"train", {{"epochs", 3}, {"batch_size", 32}, {"lr", 2e-3}, {"warmup_steps", 3}, {"device", "cuda"},
+                 {"amp", "fp16"}, {"output_root", dir / "runs"}}}};
+  TrainRequest request;
+  request.config = parse_config(doc, "fp16 test config");
+  request.out_dir = dir / "run";
+  const auto result = train(request);
+  ASSERT_EQ(result.history.size(), 3u);
+  for (const auto& epoch : result.history) ASSERT_TRUE(std::isfinite(epoch.train_loss)) << "epoch " << epoch.epoch;
+  std::printf("fp16 with loss scaling: train loss %.4f -> %.4f, eval top-1 %.1f%%\n",
+              result.history.front().train_loss, result.history.back().train_loss, result.final_top1);
+  EXPECT_LT(result.history.back().train_loss, result.history.front().train_loss);
+  EXPECT_GT(result.final_top1, 50.0);  // 4 classes: chance is 25%
+}
+
+TEST(Cuda, NcclGroupOfOneRunsCollectives) {
+  SKIP_WITHOUT_CUDA();
+  if (!VIT_WITH_DISTRIBUTED) GTEST_SKIP() << "built with VIT_WITH_DISTRIBUTED=OFF: no c10d to test";
+  DistEnv env;
+  env.master_port = test::free_port();
+  TrainConfig train;
+  train.dist_backend = "nccl";
+  train.dist_timeout_s = 60;
+  const torch::Device cuda(torch::kCUDA, 0);
+  auto comm = join_process_group(env, train, cuda);  // throws when this build has no NCCL
+  ASSERT_EQ(comm->world_size(), 1);
+  std::vector<torch::Tensor> tensors{torch::arange(1000, torch::TensorOptions().device(cuda)),
+                                     torch::full({7}, 3.0, torch::TensorOptions().device(cuda))};
+  const auto expected = tensors[0].clone();
+  comm->all_reduce_sum(tensors);  // the sum over one rank is the tensor itself
+  comm->broadcast(tensors, 0);
+  comm->barrier();
+  EXPECT_TRUE(torch::equal(tensors[0], expected));
+  EXPECT_TRUE(torch::equal(tensors[1], torch::full({7}, 3.0, torch::TensorOptions().device(cuda))));
 }
 
 // ---- device-independent checks of the bench itself ----

@@ -261,6 +261,11 @@ std::unique_ptr<Communicator> make_local_communicator() { return std::make_uniqu
 std::unique_ptr<Communicator> make_communicator(const DistEnv& env, const TrainConfig& train,
                                                 const torch::Device& device) {
   if (env.world_size <= 1) return make_local_communicator();
+  return join_process_group(env, train, device);
+}
+
+std::unique_ptr<Communicator> join_process_group(const DistEnv& env, const TrainConfig& train,
+                                                 const torch::Device& device) {
 #if VIT_HAVE_C10D
   std::string backend = train.dist_backend;
   if (backend == "auto") {

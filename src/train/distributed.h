@@ -53,6 +53,10 @@ std::unique_ptr<Communicator> make_local_communicator();
 // device; a peer that never arrives or dies fails collectives after train.dist_timeout_s with a clear error.
 std::unique_ptr<Communicator> make_communicator(const DistEnv& env, const TrainConfig& train,
                                                 const torch::Device& device);
+// The same, but always through c10d, even for a world of one (make_communicator's no-op shortcut): checks a
+// backend on one machine, e.g. NCCL on a single GPU.
+std::unique_ptr<Communicator> join_process_group(const DistEnv& env, const TrainConfig& train,
+                                                 const torch::Device& device);
 
 // Averages a flat gradient buffer over ranks in buckets of about `bucket_bytes`.
 void all_reduce_mean(Communicator& comm, torch::Tensor& flat, int64_t bucket_bytes = 25 << 20);
