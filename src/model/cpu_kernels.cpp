@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 namespace vit {
 namespace {
@@ -18,11 +19,37 @@ using torch::autograd::variable_list;
 using SgemmFn = int (*)(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                         int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// BLAS's Fortran sgemm (column-major, arguments by pointer, 32-bit integers: the LP64 interface).
+using FortranSgemmFn = void (*)(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                                const float* alpha, const float* A, const int* lda, const float* B, const int* ldb,
+                                const float* beta, float* C, const int* ldc);
+FortranSgemmFn fortran_sgemm = nullptr;
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the same buffers with the operands swapped.
+int sgemm_through_fortran(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const int64_t limit = std::numeric_limits<int>::max();
+  TORCH_CHECK(M <= limit && N <= limit && K <= limit && lda <= limit && ldb <= limit && ldc <= limit,
+              "sgemm ", M, "x", N, "x", K, " exceeds the 32-bit BLAS interface");
+  const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
+  const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
+  fortran_sgemm(&transb, &transa, &m, &n, &k, &alpha, B, &lb, A, &la, &beta, C, &lc);
+  return 0;
+}
+
+// Debian's libtorch exports oneDNN's dnnl_sgemm (AVX-512 where the CPU has it; its own matmul goes through OpenBLAS,
+// which stops at AVX2). PyTorch's wheel hides oneDNN but exports the sgemm_ of the MKL it links statically, the same
+// kernel its matmul uses. Anything else: no fast path.
 SgemmFn find_sgemm() {
   static const SgemmFn sgemm = []() -> SgemmFn {
     const char* choice = std::getenv("VIT_CPU_KERNELS");
     if (choice != nullptr && std::strcmp(choice, "aten") == 0) return nullptr;
-    return reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "dnnl_sgemm"));
+    if (void* found = dlsym(RTLD_DEFAULT, "dnnl_sgemm")) return reinterpret_cast<SgemmFn>(found);
+    // sgemm_ only where it is MKL's: another BLAS's (OpenBLAS) would be no faster than ATen's own matmul.
+    void* fortran = dlsym(RTLD_DEFAULT, "mkl_blas_sgemm") != nullptr ? dlsym(RTLD_DEFAULT, "sgemm_") : nullptr;
+    if (fortran == nullptr) return nullptr;
+    fortran_sgemm = reinterpret_cast<FortranSgemmFn>(fortran);
+    return &sgemm_through_fortran;
   }();
   return sgemm;
 }
