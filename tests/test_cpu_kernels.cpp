@@ -96,13 +96,8 @@ TEST(CpuKernels, AttentionCoreMatchesExplicitAttention) {
 
 TEST(CpuKernels, ModelFastPathMatchesExplicitPath) {
   SKIP_WITHOUT_KERNELS();
-  ModelConfig config;
-  config.img_h = config.img_w = 32;
-  config.patch_size = 8;
-  config.num_classes = 5;
-  config.embed_dim = 48;
-  config.depth = 2;
-  config.num_heads = 3;
+  const ModelConfig config = test::tiny_vit(/*img=*/32, /*patch=*/8, /*in_chans=*/3, /*num_classes=*/5,
+                                            /*embed_dim=*/48, /*depth=*/2, /*num_heads=*/3, /*mlp_ratio=*/4.0);
   torch::manual_seed(0);
   VisionTransformer net(config);
   net->eval();

@@ -1,18 +1,14 @@
-// CUDA against CPU (forward, backward), a bf16 training step, and `vit bench` on both devices. The CUDA cases skip
-// with a visible reason where this libtorch has no CUDA or no GPU is visible (Debian's CPU libtorch).
+// CUDA against CPU (forward, backward), bf16 and fp16 training, and NCCL in a group of one. Every case skips with a
+// visible reason where this libtorch has no CUDA or no GPU is visible (Debian's CPU libtorch).
 #include <gtest/gtest.h>
 
-#include <torch/cuda.h>
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <cmath>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
 
-#include "bench/bench.h"
-#include "vit/build_config.h"
 #include "model/vit.h"
 #include "test_util.h"
 #include "train/optimizer.h"
@@ -23,22 +19,9 @@
 namespace vit {
 namespace {
 
-#define SKIP_WITHOUT_CUDA()                                                                                     \
-  if (!torch::cuda::is_available()) {                                                                           \
-    GTEST_SKIP() << "CUDA test skipped: this libtorch (" TORCH_VERSION ") has no CUDA support or no GPU is visible"; \
-  }
-
 ModelConfig small_model() {
-  ModelConfig m;
-  m.img_h = m.img_w = 32;
-  m.patch_size = 8;
-  m.in_chans = 3;
-  m.num_classes = 10;
-  m.embed_dim = 64;
-  m.depth = 2;
-  m.num_heads = 4;
-  m.mlp_ratio = 2.0;
-  return m;
+  return test::tiny_vit(/*img=*/32, /*patch=*/8, /*in_chans=*/3, /*num_classes=*/10, /*embed_dim=*/64, /*depth=*/2,
+                        /*num_heads=*/4, /*mlp_ratio=*/2.0);
 }
 
 // A second model with the same weights on `device`.
@@ -56,7 +39,6 @@ double relative_diff(const torch::Tensor& expected, const torch::Tensor& actual)
   const double scale = std::max(expected.abs().max().item<double>(), 1e-12);
   return test::max_abs_diff(expected, actual.to(torch::kCPU, torch::kFloat32)) / scale;
 }
-
 
 TEST(Cuda, ForwardAndBackwardMatchCpu) {
   SKIP_WITHOUT_CUDA();
@@ -127,23 +109,6 @@ TEST(Cuda, Bf16TrainingStepIsFiniteAndLowersTheLoss) {
   EXPECT_LT(losses.back(), 0.8 * losses.front());
 }
 
-TEST(Cuda, BenchRunsOnCuda) {
-  SKIP_WITHOUT_CUDA();
-  BenchOptions options;
-  options.device = "cuda";
-  options.amp = "bf16";
-  options.batch_size = 8;
-  options.steps = 3;
-  options.warmup = 1;
-  options.peak_seconds = 0.1;
-  const auto result = run_bench(small_model(), options);
-  EXPECT_EQ(result.device, "cuda:0");
-  EXPECT_EQ(result.amp, "bf16");
-  EXPECT_GT(result.train_img_per_s, 0.0);
-  EXPECT_GT(result.latency_ms_p50, 0.0);
-  EXPECT_GT(result.peak_gflops, 0.0);
-}
-
 TEST(Cuda, Fp16TrainingWithLossScalingLearns) {
   SKIP_WITHOUT_CUDA();
   test::TempDir dir;
@@ -168,7 +133,7 @@ TEST(Cuda, Fp16TrainingWithLossScalingLearns) {
 
 TEST(Cuda, NcclGroupOfOneRunsCollectives) {
   SKIP_WITHOUT_CUDA();
-  if (!VIT_WITH_DISTRIBUTED) GTEST_SKIP() << "built with VIT_WITH_DISTRIBUTED=OFF: no c10d to test";
+  SKIP_WITHOUT_C10D();
   DistEnv env;
   env.master_port = test::free_port();
   TrainConfig train;
@@ -185,92 +150,6 @@ TEST(Cuda, NcclGroupOfOneRunsCollectives) {
   comm->barrier();
   EXPECT_TRUE(torch::equal(tensors[0], expected));
   EXPECT_TRUE(torch::equal(tensors[1], torch::full({7}, 3.0, torch::TensorOptions().device(cuda))));
-}
-
-// ---- device-independent checks of the bench itself ----
-
-TEST(Bench, PercentileIsNearestRank) {
-  EXPECT_DOUBLE_EQ(percentile({5, 1, 4, 2, 3}, 50), 3.0);
-  EXPECT_DOUBLE_EQ(percentile({5, 1, 4, 2, 3}, 95), 5.0);
-  EXPECT_DOUBLE_EQ(percentile({5, 1, 4, 2, 3}, 0), 1.0);
-  EXPECT_DOUBLE_EQ(percentile({7}, 95), 7.0);
-  EXPECT_TRUE(std::isnan(percentile({}, 50)));
-}
-
-TEST(Bench, RunsOnCpuAndReportsEveryField) {
-  BenchOptions options;
-  options.device = "cpu";
-  options.batch_size = 4;
-  options.steps = 3;
-  options.warmup = 1;
-  options.peak_seconds = 0.05;
-  const auto result = run_bench(small_model(), options);
-  EXPECT_EQ(result.device, "cpu");
-  EXPECT_GT(result.train_img_per_s, 0.0);
-  EXPECT_LE(result.step_ms_p50, result.step_ms_p95);
-  EXPECT_LE(result.latency_ms_p50, result.latency_ms_p95);
-  EXPECT_GT(result.batch_latency_ms_p50, 0.0);
-  EXPECT_GT(result.peak_gflops, 0.0);
-  EXPECT_GT(result.peak_fraction(), 0.0);
-  EXPECT_GT(result.peak_rss_mb, 0.0);
-  EXPECT_LT(result.peak_cuda_mb, 0.0);  // not measured on CPU
-  // Training FLOPs are 3x the forward's: 6 x MACs per image.
-  EXPECT_NEAR(result.train_gflops, 6.0 * result.gmacs * result.train_img_per_s, 1e-6 * result.train_gflops);
-  const auto json = to_json(result);
-  for (const char* key : {"img_per_s", "step_ms_p50", "step_ms_p95", "latency_ms_p50", "latency_ms_p95", "peak_rss_mb",
-                          "gflops", "peak_fraction"}) {
-    ASSERT_TRUE(json.contains(key)) << key;
-    EXPECT_TRUE(json[key].is_number()) << key << " = " << json[key].dump();
-  }
-  EXPECT_TRUE(json["peak_cuda_mb"].is_null());
-}
-
-TEST(Bench, InferOnlyLeavesTrainingFiguresNull) {
-  BenchOptions options;
-  options.device = "cpu";
-  options.mode = "infer";
-  options.batch_size = 2;
-  options.steps = 2;
-  options.warmup = 0;
-  options.peak_seconds = 0.0;
-  const auto json = to_json(run_bench(small_model(), options));
-  EXPECT_TRUE(json["step_ms_p50"].is_null());
-  EXPECT_TRUE(json["peak_fraction"].is_null());  // no peak measured
-  EXPECT_TRUE(json["img_per_s"].is_number());    // inference throughput at the batch size
-}
-
-TEST(Bench, RejectsBadOptions) {
-  BenchOptions options;
-  options.device = "cpu";
-  options.mode = "fast";
-  EXPECT_THROW(run_bench(small_model(), options), std::invalid_argument);
-  options.mode = "train";
-  auto headless = small_model();
-  headless.num_classes = 0;
-  EXPECT_THROW(run_bench(headless, options), std::invalid_argument);
-}
-
-TEST(Bench, CommandPrintsOneJsonObject) {
-  test::TempDir dir;
-  const auto config = dir.file("tiny.json");
-  {
-    std::FILE* f = std::fopen(config.c_str(), "w");
-    ASSERT_NE(f, nullptr) << config;
-    std::fputs(R"({"model": {"img_size": 32, "patch_size": 8, "num_classes": 10, "embed_dim": 64, "depth": 2,)"
-               R"( "num_heads": 4, "mlp_ratio": 2}})",
-               f);
-    std::fclose(f);
-  }
-  const auto run = test::run_vit("bench --config " + config + " --batch-size 2 --steps 2 --warmup 0 --threads 1 --json");
-  ASSERT_EQ(run.status, 0) << run.errors;
-  const auto json = nlohmann::json::parse(run.output);
-  for (const char* key : {"img_per_s", "step_ms_p50", "step_ms_p95", "latency_ms_p50", "latency_ms_p95", "peak_rss_mb",
-                          "gflops", "peak_fraction"}) {
-    EXPECT_TRUE(json.contains(key) && json[key].is_number()) << key;
-  }
-  EXPECT_EQ(json["threads"], 1);
-  EXPECT_EQ(json["batch_size"], 2);
-  EXPECT_EQ(test::run_vit("bench --config " + config + " --mode fast").status, 2);
 }
 
 }  // namespace

@@ -42,10 +42,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// Multi-process tests need c10d; a build configured without it says so instead of failing on every test.
-#define SKIP_WITHOUT_C10D()                                                                        \
-  if (!VIT_WITH_DISTRIBUTED) GTEST_SKIP() << "built with VIT_WITH_DISTRIBUTED=OFF: no c10d to test"
-
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
@@ -54,16 +50,8 @@ std::string slurp(const std::string& path) {
 }
 
 ModelConfig tiny_model() {
-  ModelConfig m;
-  m.img_h = m.img_w = 16;
-  m.patch_size = 4;
-  m.in_chans = 1;
-  m.num_classes = 10;
-  m.embed_dim = 32;
-  m.depth = 2;
-  m.num_heads = 2;
-  m.mlp_ratio = 2.0;
-  return m;
+  return test::tiny_vit(/*img=*/16, /*patch=*/4, /*in_chans=*/1, /*num_classes=*/10, /*embed_dim=*/32, /*depth=*/2,
+                        /*num_heads=*/2, /*mlp_ratio=*/2.0);
 }
 
 // A tiny-model config; `dropout` turns on the per-rank random streams (attention dropout, drop-path).
@@ -216,32 +204,7 @@ std::vector<json> metrics_lines(const std::string& path) {
 
 // ---- collectives, in one process: two ranks on two threads ----
 
-// Runs `body(comm)` for ranks 0 and 1 of a fresh loopback group, each on its own thread.
-void with_two_ranks(const std::function<void(Communicator&)>& body) {
-  const int port = test::free_port();
-  TrainConfig train;
-  train.dist_backend = "gloo";
-  train.dist_timeout_s = 30;
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        DistEnv env;
-        env.rank = env.local_rank = rank;
-        env.world_size = 2;
-        env.master_port = port;
-        auto comm = make_communicator(env, train, torch::Device(torch::kCPU));
-        body(*comm);
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(errors[0], "");
-  EXPECT_EQ(errors[1], "");
-}
+using test::with_two_ranks;
 
 TEST(DistComm, BucketedMeanBroadcastAndScalarSums) {
   SKIP_WITHOUT_C10D();
@@ -302,38 +265,6 @@ TEST(DistComm, OverlappedReducerAveragesLikeAPlainAllReduce) {
     std::cout << "rank " << r << ": " << early[r] << " of " << buckets[r] << " buckets started during backward\n";
   }
   EXPECT_TRUE(torch::equal(reduced[0], reduced[1]));
-}
-
-// The all-reduce cost per optimiser step for two gradient sizes, on loopback (two ranks as two threads): printed
-// for the record, checked for the right mean. Training logs the same wait per step as metrics.jsonl's comm_ms.
-TEST(DistComm, AllReduceCostPerStepForFashionMnistAndVitSmall) {
-  SKIP_WITHOUT_C10D();
-  ModelConfig fashion;  // configs/fashion_mnist.json's model
-  fashion.img_h = fashion.img_w = 28, fashion.patch_size = 7, fashion.in_chans = 1, fashion.num_classes = 10;
-  fashion.embed_dim = 128, fashion.depth = 6, fashion.num_heads = 4, fashion.mlp_ratio = 2.0;
-  const std::vector<std::pair<std::string, int64_t>> models{
-      {"F-MNIST default", count_parameters(*VisionTransformer(fashion))},
-      {"ViT-S/16", count_parameters(*VisionTransformer(model_preset("vit_small_patch16_224")))}};
-  for (const auto& [name, count] : models) {
-    std::vector<double> median_ms(2);
-    std::vector<bool> correct(2);
-    with_two_ranks([&, count = count](Communicator& comm) {
-      auto flat = torch::full({count}, static_cast<float>(comm.rank() + 1));
-      std::vector<double> times;
-      for (int i = 0; i < 6; ++i) {
-        flat.fill_(static_cast<float>(comm.rank() + 1));
-        const auto start = Clock::now();
-        all_reduce_mean(comm, flat);
-        if (i > 0) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-      }
-      std::sort(times.begin(), times.end());
-      median_ms[comm.rank()] = times[times.size() / 2];
-      correct[comm.rank()] = torch::allclose(flat, torch::full({count}, 1.5f));
-    });
-    EXPECT_TRUE(correct[0] && correct[1]) << name;
-    std::cout << name << ": " << count << " parameters (" << count * 4 / 1e6 << " MB of gradients), all-reduce over "
-              << "2 ranks on loopback: median " << median_ms[0] << " ms per step\n";
-  }
 }
 
 TEST(DistComm, WorldOfOneIsANoOpAndEnvironmentIsChecked) {

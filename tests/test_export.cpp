@@ -26,18 +26,8 @@ const std::string kWeights = test::data_path("tiny32/weights.safetensors");
 const std::string kChelsea = test::data_path("tiny32/chelsea.png");
 const std::string kSynthetic = test::data_path("tiny32/synthetic.png");
 
-std::string quoted(const std::string& path) { return "'" + path + "'"; }
-
-// The timm file carries no metadata: the architecture and preprocessing come from --config.
-std::string write_tiny32_config(const TempDir& dir) {
-  const std::string path = dir.file("tiny32.json");
-  write_file_atomic(path, R"({
-    "model": {"img_size": 32, "patch_size": 16, "in_chans": 3, "num_classes": 10, "embed_dim": 64, "depth": 2,
-              "num_heads": 2},
-    "data": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "crop_pct": 1.0}
-  })");
-  return path;
-}
+using test::quoted;
+using test::write_tiny32_config;  // the timm file carries no metadata: the architecture comes from --config
 
 test::CommandResult export_tiny32(const TempDir& dir, const std::string& out, const std::string& arguments) {
   return test::run_vit("export-attention --checkpoint " + quoted(kWeights) + " --config " +
@@ -172,14 +162,9 @@ TEST(ExportAttention, OverlaysHaveTheInputResolutionAndGradRolloutTheGrid) {
 
 TEST(ExportAttention, RectangularModelGridComesFromTheModel) {
   TempDir dir;
-  ModelConfig config;
-  config.img_h = 32;
+  ModelConfig config = test::tiny_vit(/*img=*/32, /*patch=*/16, /*in_chans=*/3, /*num_classes=*/4, /*embed_dim=*/32,
+                                      /*depth=*/3, /*num_heads=*/4, /*mlp_ratio=*/4.0);
   config.img_w = 48;  // 2 x 3 grid, N = 7: no square root anywhere
-  config.patch_size = 16;
-  config.num_classes = 4;
-  config.embed_dim = 32;
-  config.depth = 3;
-  config.num_heads = 4;
   torch::manual_seed(11);
   VisionTransformer net(config);
   const std::string model = dir.file("rect.safetensors");

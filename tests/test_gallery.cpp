@@ -1,9 +1,12 @@
 // The export-attention gallery (DIR/index.html): self-contained markup, and a real headless Chromium that renders
-// it without console errors, shows every image and enlarges a map on a click (tests/chromium_check.py).
+// it without console errors, shows every image and enlarges a map on a click (tests/chromium_check.py). Chromium
+// comes from scripts/setup.sh (VIT_SETUP_TEST_EXTRAS=1, as scripts/test.sh runs it); without it the browser test
+// skips. Its screenshots stay in the test's temp folder; VIT_TEST_SCREENSHOTS=DIR keeps a copy in DIR.
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -18,18 +21,12 @@ namespace vit {
 namespace {
 
 using test::TempDir;
-
-std::string quoted(const std::string& path) { return "'" + path + "'"; }
+using test::quoted;
 
 // Exports the tiny32 images, a non-square picture with an awkward name and a broken file into `out`, with a head
 // switched off, so the page shows every kind of entry. Returns the card names it must show.
 std::vector<std::string> export_sample(const TempDir& dir, const std::string& out) {
-  const std::string config = dir.file("tiny32.json");
-  write_file_atomic(config, R"({
-    "model": {"img_size": 32, "patch_size": 16, "in_chans": 3, "num_classes": 10, "embed_dim": 64, "depth": 2,
-              "num_heads": 2},
-    "data": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "crop_pct": 1.0}
-  })");
+  const std::string config = test::write_tiny32_config(dir);
   cv::Mat wide(90, 240, CV_8UC3);
   cv::randu(wide, 0, 255);
   const std::string odd = dir.file("wide #1 <b>.png");
@@ -71,45 +68,27 @@ TEST(GalleryPage, EmptyExportStillRenders) {
   EXPECT_NE(page.find("</html>"), std::string::npos);
 }
 
-// /usr/bin/chromium, installing Debian's package when running as root; "" when there is none and cannot be one.
-std::string ensure_chromium(std::string& why_not) {
-  const std::vector<std::string> candidates = {"/usr/bin/chromium", "/usr/bin/chromium-browser"};
-  auto find = [&] {
-    for (const auto& c : candidates) {
-      if (::access(c.c_str(), X_OK) == 0) return c;
-    }
-    return std::string();
-  };
-  if (auto found = find(); !found.empty()) return found;
-  if (::geteuid() != 0) {
-    why_not = "Chromium is not installed and this test is not root (apt-get install -y chromium)";
-    return "";
+// The installed Chromium, or "" when there is none.
+std::string find_chromium() {
+  for (const char* candidate : {"/usr/bin/chromium", "/usr/bin/chromium-browser"}) {
+    if (::access(candidate, X_OK) == 0) return candidate;
   }
-  std::printf("installing chromium with apt-get (once)...\n");
-  if (std::system("apt-get install -y chromium >/tmp/vit-chromium-install.log 2>&1") != 0) {
-    std::system("apt-get update >>/tmp/vit-chromium-install.log 2>&1 && "
-                "apt-get install -y chromium >>/tmp/vit-chromium-install.log 2>&1");
-  }
-  if (auto found = find(); !found.empty()) return found;
-  why_not = "apt-get install -y chromium failed (see /tmp/vit-chromium-install.log)";
   return "";
 }
 
 TEST(GalleryBrowser, ChromiumRendersShowsAllImagesAndEnlargesAClickedMap) {
-  std::string why_not;
-  const std::string chromium = ensure_chromium(why_not);
-  if (chromium.empty()) GTEST_SKIP() << "SKIPPED (no browser): " << why_not;
+  const std::string chromium = find_chromium();
+  if (chromium.empty()) {
+    GTEST_SKIP() << "SKIPPED (no browser): neither /usr/bin/chromium nor /usr/bin/chromium-browser is installed "
+                    "(VIT_SETUP_TEST_EXTRAS=1 scripts/setup.sh installs Debian's chromium)";
+  }
   if (::access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "SKIPPED: /usr/bin/python3 is missing";
 
   TempDir dir;
   const std::string out = dir.file("out");
   const auto names = export_sample(dir, out);
-  // Screenshots stay next to the binary under test, for people to look at.
-  const auto shots = std::filesystem::path(VIT_BINARY).parent_path();
-  const std::string page_shot = (shots / "gallery_screenshot.png").string();
-  const std::string zoom_shot = (shots / "gallery_screenshot_enlarged.png").string();
-  std::filesystem::remove(page_shot);
-  std::filesystem::remove(zoom_shot);
+  const std::string page_shot = dir.file("gallery_screenshot.png");
+  const std::string zoom_shot = dir.file("gallery_screenshot_enlarged.png");
   std::string command = "/usr/bin/python3 " + quoted(std::string(VIT_TEST_DATA) + "/../chromium_check.py") + " " +
                         quoted(out + "/index.html") + " --chromium " + quoted(chromium) + " --screenshot " +
                         quoted(page_shot) + " --zoom-screenshot " + quoted(zoom_shot) + " --expect";
@@ -134,6 +113,15 @@ TEST(GalleryBrowser, ChromiumRendersShowsAllImagesAndEnlargesAClickedMap) {
     EXPECT_GT(spread[0], 15.0) << shot << " looks blank";
     std::printf("screenshot: %s (%ju bytes, grey mean %.0f, std %.0f)\n", shot.c_str(),
                 static_cast<uintmax_t>(std::filesystem::file_size(shot)), mean[0], spread[0]);
+  }
+  // For people to look at: a copy outside the temp folder only when asked for.
+  if (const char* keep = std::getenv("VIT_TEST_SCREENSHOTS"); keep != nullptr && *keep != '\0') {
+    std::filesystem::create_directories(keep);
+    for (const auto& shot : {page_shot, zoom_shot}) {
+      const auto kept = std::filesystem::path(keep) / std::filesystem::path(shot).filename();
+      std::filesystem::copy_file(shot, kept, std::filesystem::copy_options::overwrite_existing);
+      std::printf("kept %s\n", kept.c_str());
+    }
   }
 }
 

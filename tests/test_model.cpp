@@ -13,16 +13,8 @@ namespace vit {
 namespace {
 
 ModelConfig tiny(int64_t img = 32, int64_t patch = 8) {
-  ModelConfig m;
-  m.img_h = m.img_w = img;
-  m.patch_size = patch;
-  m.in_chans = 3;
-  m.num_classes = 5;
-  m.embed_dim = 32;
-  m.depth = 2;
-  m.num_heads = 4;
-  m.mlp_ratio = 2.0;
-  return m;
+  return test::tiny_vit(img, patch, /*in_chans=*/3, /*num_classes=*/5, /*embed_dim=*/32, /*depth=*/2, /*num_heads=*/4,
+                        /*mlp_ratio=*/2.0);
 }
 
 TEST(ModelPresets, ParameterCountsEqualTimm) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "explain/rollout.h"
+#include "test_util.h"
 
 namespace vit {
 namespace {
@@ -173,14 +174,9 @@ TEST(RolloutMath, ImportanceAndRandomOrders) {
 
 // A small random ViT: 32 x 48 input, 16 px patches -> a 2 x 3 grid, 2 blocks of 2 heads, 5 classes.
 VisionTransformer tiny_model() {
-  ModelConfig config;
-  config.img_h = 32;
+  ModelConfig config = test::tiny_vit(/*img=*/32, /*patch=*/16, /*in_chans=*/3, /*num_classes=*/5, /*embed_dim=*/32,
+                                      /*depth=*/2, /*num_heads=*/2, /*mlp_ratio=*/4.0);
   config.img_w = 48;
-  config.patch_size = 16;
-  config.num_classes = 5;
-  config.embed_dim = 32;
-  config.depth = 2;
-  config.num_heads = 2;
   torch::manual_seed(3);
   VisionTransformer net(config);
   net->eval();

@@ -1,56 +1,23 @@
-// Tests for the file formats we read and write (safetensors, .npy) and the checked file helpers beneath them:
-// round trips must be bit-identical, and every kind of damaged file must fail with one line naming the file.
+// The safetensors reader and writer (src/io/safetensors.h): round trips must be bit-identical, timm's reference file
+// reads with its values, and every kind of damaged file must fail with one line naming the file.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "io/npy.h"
 #include "io/safetensors.h"
+#include "test_util.h"
 #include "util/fs.h"
 
 namespace {
-namespace fs = std::filesystem;
 namespace st = vit::safetensors;
-
-// A fresh directory per test, named after it, removed afterwards.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            (std::string("vit_") + test->test_suite_name() + "_" + test->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string path() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
-
-// The message of the std::exception `action` throws, or "" when it throws none.
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "";
-}
+using vit::test::TempDir;
+using vit::test::error_of;
 
 // A safetensors file from a hand-written header, for the cases our own writer would never produce.
 std::string make_file(const std::string& header, const std::string& data) {
@@ -67,16 +34,14 @@ std::string raw_bytes(const torch::Tensor& tensor) {
 // Parses `bytes` as file `name` and returns the error; the message must be one line starting with the name.
 std::string parse_error(const std::string& bytes, const std::string& name = "damaged.safetensors") {
   const std::string message = error_of([&] { st::parse(bytes, name); });
-  EXPECT_FALSE(message.empty()) << "parse accepted a damaged file";
+  EXPECT_NE(message, "(no error)") << "parse accepted a damaged file";
   EXPECT_EQ(message.rfind(name + ": ", 0), 0u) << "message does not start with the path: " << message;
   EXPECT_EQ(message.find('\n'), std::string::npos) << "message is not one line: " << message;
   return message;
 }
 
-// ---- safetensors ----
-
 TEST(SafetensorsRoundTrip, AllDtypesBitIdenticalWithMetadata) {
-  ScratchDir dir;
+  TempDir dir;
   torch::manual_seed(0);
   const st::NamedTensors tensors = {
       {"z.first", torch::randn({3, 4})},  // not alphabetical: the header must keep the given order
@@ -138,7 +103,7 @@ TEST(SafetensorsRoundTrip, WriterRejectsWhatTheFormatCannotHold) {
             std::string::npos);
   EXPECT_NE(error_of([] { st::serialize({{"undefined", torch::Tensor()}}); }).find("undefined"), std::string::npos);
 
-  ScratchDir dir;
+  TempDir dir;
   const std::string path = dir.file("no_such_dir/out.safetensors");
   EXPECT_NE(error_of([&] { st::write(path, {{"x", torch::zeros({2})}}); }).find(path), std::string::npos);
 }
@@ -228,44 +193,33 @@ TEST(SafetensorsCorrupt, EachDamageNamesTheFileAndValues) {
   std::memcpy(&absurd[0], &huge, 8);
   EXPECT_NE(parse_error(absurd).find("exceeds the limit"), std::string::npos);
 
-  const std::string data(24, '\0');
-  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 48]}})", data))
-                .find("data_offsets end 48 is beyond the data section size 24"),
-            std::string::npos);
-  EXPECT_NE(parse_error(make_file("{\"w\": {\"dtype\": \"F32\",\n bad json", data)).find("not valid JSON"),
-            std::string::npos);
-  EXPECT_NE(parse_error(make_file("[1, 2]", data)).find("expected an object"), std::string::npos);
-  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "I16", "shape": [12], "data_offsets": [0, 24]}})", data))
-                .find("unsupported dtype 'I16'"),
-            std::string::npos);
-  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}})", data))
-                .find("shape [2, 3] of F32 needs 24 bytes but data_offsets [0, 20] hold 20"),
-            std::string::npos);
-  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": [2, -3], "data_offsets": [0, 24]}})", data))
-                .find("negative (-3)"),
-            std::string::npos);
-  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})", data))
-                .find("begin > end"),
-            std::string::npos);
-  EXPECT_NE(parse_error(make_file(R"({"w": {"shape": [6], "data_offsets": [0, 24]}})", data)).find("missing \"dtype\""),
-            std::string::npos);
-  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": "6", "data_offsets": [0, 24]}})", data))
-                .find("\"shape\" is a JSON string"),
-            std::string::npos);
-  EXPECT_NE(parse_error(make_file(R"({"w": {"dtype": "F32", "shape": [6], "data_offsets": [0]}})", data))
-                .find("data_offsets"),
-            std::string::npos);
-  EXPECT_NE(parse_error(make_file(R"({"__metadata__": {"epoch": 3}})", data)).find("value for 'epoch'"),
-            std::string::npos);
+  // Hand-written headers over 24 data bytes, each wrong in one way.
+  const auto expect_header_error = [](const std::string& header, const std::string& phrase) {
+    const std::string message = parse_error(make_file(header, std::string(24, '\0')));
+    EXPECT_NE(message.find(phrase), std::string::npos) << header << "\n" << message;
+  };
+  expect_header_error(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 48]}})",
+                      "data_offsets end 48 is beyond the data section size 24");
+  expect_header_error("{\"w\": {\"dtype\": \"F32\",\n bad json", "not valid JSON");
+  expect_header_error("[1, 2]", "expected an object");
+  expect_header_error(R"({"w": {"dtype": "I16", "shape": [12], "data_offsets": [0, 24]}})",
+                      "unsupported dtype 'I16'");
+  expect_header_error(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}})",
+                      "shape [2, 3] of F32 needs 24 bytes but data_offsets [0, 20] hold 20");
+  expect_header_error(R"({"w": {"dtype": "F32", "shape": [2, -3], "data_offsets": [0, 24]}})", "negative (-3)");
+  expect_header_error(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})", "begin > end");
+  expect_header_error(R"({"w": {"shape": [6], "data_offsets": [0, 24]}})", "missing \"dtype\"");
+  expect_header_error(R"({"w": {"dtype": "F32", "shape": "6", "data_offsets": [0, 24]}})",
+                      "\"shape\" is a JSON string");
+  expect_header_error(R"({"w": {"dtype": "F32", "shape": [6], "data_offsets": [0]}})", "data_offsets");
+  expect_header_error(R"({"__metadata__": {"epoch": 3}})", "value for 'epoch'");
   // Control characters in a name must not break the one-line message.
-  EXPECT_NE(
-      parse_error(make_file("{\"bad\\nname\": {\"dtype\": \"X\", \"shape\": [], \"data_offsets\": [0, 0]}}", data))
-          .find("'bad\\x0aname'"),
-      std::string::npos);
+  expect_header_error("{\"bad\\nname\": {\"dtype\": \"X\", \"shape\": [], \"data_offsets\": [0, 0]}}",
+                      "'bad\\x0aname'");
 }
 
 TEST(SafetensorsCorrupt, ReadNamesThePathOnDisk) {
-  ScratchDir dir;
+  TempDir dir;
   const std::string path = dir.file("model.safetensors");
   vit::write_file_atomic(path, "tiny");
   const std::string message = error_of([&] { st::read(path); });
@@ -275,7 +229,7 @@ TEST(SafetensorsCorrupt, ReadNamesThePathOnDisk) {
 }
 
 TEST(SafetensorsFile, ReadsLikeArchiveAndIntoDestinations) {
-  ScratchDir dir;
+  TempDir dir;
   torch::manual_seed(1);
   const st::NamedTensors tensors = {
       {"w", torch::randn({3, 4})},
@@ -316,7 +270,7 @@ TEST(SafetensorsFile, ReadsLikeArchiveAndIntoDestinations) {
 }
 
 TEST(SafetensorsFile, KeepsReadingTheFileItOpened) {
-  ScratchDir dir;
+  TempDir dir;
   const std::string path = dir.file("best.safetensors");
   st::write(path, {{"w", torch::full({64}, 1.0f)}});
   const st::File file(path);
@@ -328,7 +282,7 @@ TEST(SafetensorsFile, KeepsReadingTheFileItOpened) {
 }
 
 TEST(SafetensorsFile, DamageNamesTheFile) {
-  ScratchDir dir;
+  TempDir dir;
   const std::string good = st::serialize({{"w", torch::ones({2, 3})}});
   const std::string truncated = dir.file("truncated.safetensors");
   vit::write_file_atomic(truncated, good.substr(0, good.size() - 4));
@@ -351,198 +305,6 @@ TEST(SafetensorsFile, DamageNamesTheFile) {
   auto out = torch::empty({2, 3});
   message = error_of([&] { file.read_into(*file.find("w"), out); });
   EXPECT_EQ(message.rfind(shrinking + ": file ended while reading tensor 'w'", 0), 0u) << message;
-}
-
-// ---- npy ----
-
-TEST(NpyFormat, ExactHeaderForKnownShapes) {
-  // numpy.save's output for float32 arrays of these shapes, header length 118 (preamble 128 bytes).
-  const std::map<std::vector<int64_t>, std::string> headers = {
-      {{2, 3}, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"},
-      {{5}, "{'descr': '<f4', 'fortran_order': False, 'shape': (5,), }"},
-      {{}, "{'descr': '<f4', 'fortran_order': False, 'shape': (), }"},
-  };
-  for (const auto& [shape, dict] : headers) {
-    const std::string bytes = vit::npy_bytes(torch::zeros(shape));
-    std::string expected = std::string("\x93NUMPY\x01\x00\x76\x00", 10) + dict;
-    expected.append(127 - expected.size(), ' ');
-    expected += '\n';
-    ASSERT_GE(bytes.size(), 128u);
-    EXPECT_EQ(bytes.substr(0, 128), expected);
-    int64_t count = 1;
-    for (int64_t dim : shape) count *= dim;
-    EXPECT_EQ(bytes.size(), 128u + 4 * count);
-  }
-}
-
-TEST(NpyFormat, PreambleIs64ByteAlignedAndParsesBack) {
-  ScratchDir dir;
-  torch::manual_seed(1);
-  const std::vector<std::vector<int64_t>> shapes = {
-      {}, {1}, {7}, {3, 4}, {2, 3, 4}, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, {123456789, 0}, {0}};
-  for (const auto& shape : shapes) {
-    const torch::Tensor tensor = torch::randn(shape);
-    const std::string bytes = vit::npy_bytes(tensor);
-    uint16_t header_length = 0;
-    std::memcpy(&header_length, bytes.data() + 8, 2);
-    EXPECT_EQ((10 + header_length) % 64, 0u) << "shape of rank " << shape.size();
-    EXPECT_EQ(bytes[10 + header_length - 1], '\n');
-
-    const std::string path = dir.file("a.npy");
-    vit::write_npy(path, tensor);
-    const torch::Tensor loaded = vit::read_npy(path);
-    EXPECT_EQ(loaded.sizes(), tensor.sizes());
-    EXPECT_TRUE(torch::equal(loaded, tensor));
-  }
-  // Non-contiguous input is written in logical (C) order.
-  const torch::Tensor transposed = torch::arange(6, torch::kFloat32).reshape({2, 3}).t();
-  vit::write_npy(dir.file("t.npy"), transposed);
-  EXPECT_TRUE(torch::equal(vit::read_npy(dir.file("t.npy")), transposed));
-}
-
-TEST(NpyFormat, RejectsWhatItCannotWriteOrRead) {
-  ScratchDir dir;
-  const std::string path = dir.file("double.npy");
-  EXPECT_NE(error_of([&] { vit::write_npy(path, torch::zeros({2}, torch::kFloat64)); }).find(path), std::string::npos);
-
-  // A '<f8' file as numpy writes it: the reader must refuse it by name, not misread it.
-  std::string f8 = vit::npy_bytes(torch::zeros({2}));
-  f8.replace(f8.find("<f4"), 3, "<f8");
-  vit::write_file_atomic(path, f8 + std::string(8, '\0'));
-  std::string message = error_of([&] { vit::read_npy(path); });
-  EXPECT_EQ(message.rfind(path + ": ", 0), 0u) << message;
-  EXPECT_NE(message.find("'<f4'"), std::string::npos) << message;
-
-  std::string fortran = vit::npy_bytes(torch::zeros({2, 2}));
-  fortran.replace(fortran.find("False"), 5, "True ");
-  vit::write_file_atomic(path, fortran);
-  EXPECT_NE(error_of([&] { vit::read_npy(path); }).find("Fortran"), std::string::npos);
-
-  const std::string short_data = vit::npy_bytes(torch::zeros({4}));
-  vit::write_file_atomic(path, short_data.substr(0, short_data.size() - 4));
-  EXPECT_NE(error_of([&] { vit::read_npy(path); }).find("npy data is 12 bytes"), std::string::npos);
-
-  vit::write_file_atomic(path, "not numpy at all");
-  EXPECT_NE(error_of([&] { vit::read_npy(path); }).find(path + ": not a .npy file"), std::string::npos);
-}
-
-// The first of these that can import numpy, or "" (Debian's numpy lives with /usr/bin/python3, which a pyenv
-// python3 earlier on PATH does not see).
-std::string python_with_numpy() {
-  for (const char* candidate : {"python3", "/usr/bin/python3"}) {
-    const std::string probe = std::string(candidate) + " -c 'import numpy' >/dev/null 2>&1";
-    if (std::system(probe.c_str()) == 0) return candidate;
-  }
-  return "";
-}
-
-TEST(NpyNumpy, NumpyLoadsOurFilesAndSavesTheSameBytes) {
-  const std::string python = python_with_numpy();
-  if (python.empty()) GTEST_SKIP() << "python3 with numpy not found (tried python3, /usr/bin/python3)";
-  ScratchDir dir;
-  // numpy checks dtype, shape and values, then saves the array again; the bytes must equal ours.
-  const std::string script =
-      "import sys, numpy; a = numpy.load(sys.argv[1]); "
-      "shape = tuple(int(d) for d in sys.argv[3].split(',') if d); "
-      "assert a.dtype == numpy.float32, a.dtype; assert a.shape == shape, (a.shape, shape); "
-      "assert (a.ravel() == numpy.arange(a.size, dtype=numpy.float32) * 0.5).all(), a; "
-      "numpy.save(sys.argv[2], a)";
-  const std::vector<std::pair<std::vector<int64_t>, std::string>> cases = {
-      {{2, 3, 4}, "2,3,4"}, {{5}, "5"}, {{}, ""}, {{3, 0}, "3,0"}};
-  for (const auto& [shape, shape_argument] : cases) {
-    const torch::Tensor tensor = (torch::arange(c10::multiply_integers(shape), torch::kFloat32) * 0.5).reshape(shape);
-    const std::string ours = dir.file("ours.npy");
-    const std::string theirs = dir.file("theirs.npy");
-    vit::write_npy(ours, tensor);
-    const std::string command =
-        python + " -c \"" + script + "\" '" + ours + "' '" + theirs + "' '" + shape_argument + "'";
-    ASSERT_EQ(std::system(command.c_str()), 0)
-        << "numpy rejected our file for shape (" << shape_argument << "): " << command;
-    EXPECT_EQ(vit::read_file(theirs), vit::read_file(ours))
-        << "numpy.save differs for shape (" << shape_argument << ")";
-  }
-}
-
-// ---- fs ----
-
-TEST(FsAtomicWrite, ReplacesContentAndLeavesNoTempFile) {
-  ScratchDir dir;
-  const std::string path = dir.file("out.json");
-  vit::write_file_atomic(path, "old content that is longer");
-  vit::write_file_atomic(path, "new");
-  EXPECT_EQ(vit::read_file(path), "new");
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir.path())) names.push_back(entry.path().filename().string());
-  EXPECT_EQ(names, std::vector<std::string>{"out.json"});
-
-  vit::write_file_atomic(path, "");
-  EXPECT_EQ(vit::read_file(path), "");
-  const std::string binary("\0\x01\xff\n", 4);
-  vit::write_file_atomic(path, binary);
-  EXPECT_EQ(vit::read_file(path), binary);
-}
-
-TEST(FsAtomicWrite, FailuresNameThePathAndOperation) {
-  ScratchDir dir;
-  const std::string into_missing = dir.file("missing/out.bin");
-  std::string message = error_of([&] { vit::write_file_atomic(into_missing, "x"); });
-  EXPECT_NE(message.find(into_missing), std::string::npos) << message;
-  EXPECT_NE(message.find("cannot open for writing"), std::string::npos) << message;
-  EXPECT_NE(message.find("No such file or directory"), std::string::npos) << message;
-
-  // Renaming a file over a non-empty directory fails after the temp file was written: the temp must go.
-  const std::string directory = dir.file("occupied");
-  vit::make_dirs(directory + "/inner");
-  message = error_of([&] { vit::write_file_atomic(directory, "x"); });
-  EXPECT_NE(message.find("cannot rename"), std::string::npos) << message;
-  EXPECT_FALSE(vit::file_exists(directory + ".tmp." + std::to_string(::getpid())));
-
-  const std::string absent = dir.file("absent.txt");
-  message = error_of([&] { vit::read_file(absent); });
-  EXPECT_EQ(message.rfind(absent + ": cannot open for reading", 0), 0u) << message;
-  message = error_of([&] { vit::read_file(dir.path()); });
-  EXPECT_EQ(message.rfind(dir.path() + ": cannot read", 0), 0u) << message;
-}
-
-TEST(FsHelpers, ExtensionsAndDirectories) {
-  EXPECT_EQ(vit::lower_extension("a/b/Photo.JPeG"), ".jpeg");
-  EXPECT_EQ(vit::lower_extension("a.dir/noext"), "");
-  EXPECT_EQ(vit::lower_extension(".hidden"), "");
-  EXPECT_TRUE(vit::is_image_path("x.PNG"));
-  EXPECT_TRUE(vit::is_image_path("x.tiff"));
-  EXPECT_FALSE(vit::is_image_path("x.txt"));
-  EXPECT_FALSE(vit::is_image_path("png"));
-
-  ScratchDir dir;
-  const std::string nested = dir.file("a/b/c");
-  vit::make_dirs(nested);
-  vit::make_dirs(nested);  // existing: fine
-  EXPECT_TRUE(fs::is_directory(nested));
-  vit::write_file_atomic(dir.file("file"), "x");
-  EXPECT_NE(error_of([&] { vit::make_dirs(dir.file("file")); }).find(dir.file("file")), std::string::npos);
-  EXPECT_NE(error_of([&] { vit::make_dirs(dir.file("file/sub")); }).find(dir.file("file/sub")), std::string::npos);
-}
-
-TEST(FsHelpers, ExpandImageInputsSortedAndRecursive) {
-  ScratchDir dir;
-  const std::string root = dir.file("images");
-  for (const char* name :
-       {"b.png", "a.jpg", "notes.txt", "sub/e.jpeg", "sub/c.PNG", "sub/deeper/d.webp", "sub/deeper/readme.md"}) {
-    vit::make_dirs(fs::path(root + "/" + name).parent_path().string());
-    vit::write_file_atomic(root + "/" + name, "x");
-  }
-  const std::string single = dir.file("single.bmp");
-  vit::write_file_atomic(single, "x");
-
-  const std::vector<std::string> expected = {
-      root + "/a.jpg", root + "/b.png", root + "/sub/c.PNG", root + "/sub/deeper/d.webp", root + "/sub/e.jpeg", single};
-  EXPECT_EQ(vit::expand_image_inputs({root, single}), expected);
-  EXPECT_TRUE(vit::expand_image_inputs({dir.file("images/sub/deeper/readme.md")}).size() == 1)
-      << "a file named explicitly is passed through";
-
-  const std::string missing = dir.file("nope.jpg");
-  const std::string message = error_of([&] { vit::expand_image_inputs({root, missing}); });
-  EXPECT_EQ(message.rfind(missing + ": no such file or directory", 0), 0u) << message;
 }
 
 }  // namespace

@@ -23,17 +23,10 @@ namespace {
     GTEST_SKIP() << "SDPA test skipped: this libtorch (" TORCH_VERSION ") has no scaled_dot_product_attention"; \
   }
 
+// Width 48 over 4 heads: head dim 12, a scale 1/sqrt(12) that no kernel applies exactly, unlike 1/4.
 ModelConfig small_model() {
-  ModelConfig m;
-  m.img_h = m.img_w = 32;
-  m.patch_size = 8;
-  m.in_chans = 3;
-  m.num_classes = 5;
-  m.embed_dim = 48;  // head dim 12: a scale 1/sqrt(12) that no kernel applies exactly, unlike 1/4
-  m.depth = 3;
-  m.num_heads = 4;
-  m.mlp_ratio = 2.0;
-  return m;
+  return test::tiny_vit(/*img=*/32, /*patch=*/8, /*in_chans=*/3, /*num_classes=*/5, /*embed_dim=*/48, /*depth=*/3,
+                        /*num_heads=*/4, /*mlp_ratio=*/2.0);
 }
 
 // A second model with the same weights, attention through `kernel`.

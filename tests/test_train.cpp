@@ -28,16 +28,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 ModelConfig tiny_model() {
-  ModelConfig m;
-  m.img_h = m.img_w = 16;
-  m.patch_size = 4;
-  m.in_chans = 1;
-  m.num_classes = 4;
-  m.embed_dim = 32;
-  m.depth = 2;
-  m.num_heads = 2;
-  m.mlp_ratio = 2.0;
-  return m;
+  return test::tiny_vit(/*img=*/16, /*patch=*/4, /*in_chans=*/1, /*num_classes=*/4, /*embed_dim=*/32, /*depth=*/2,
+                        /*num_heads=*/2, /*mlp_ratio=*/2.0);
 }
 
 // A config file for the tiny dataset; `train` entries override the defaults below.

@@ -14,8 +14,21 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "train/distributed.h"
 
 namespace vit::test {
+
+std::string config_path(const std::string& name) {
+  std::string path = VIT_TEST_DATA;
+  path += "/../../configs/";
+  path += name;
+  return path;
+}
 
 TempDir::TempDir() {
   std::string pattern = (std::filesystem::temp_directory_path() / "vit-test-XXXXXX").string();
@@ -37,6 +50,8 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   if (!out) throw std::runtime_error(path + ": cannot write the test file");
 }
 
+std::string quoted(const std::string& text) { return "'" + text + "'"; }
+
 CommandResult run_vit(const std::string& arguments) {
   TempDir scratch;
   const std::string out = scratch.file("stdout"), err = scratch.file("stderr");
@@ -53,6 +68,55 @@ CommandResult run_vit(const std::string& arguments) {
   result.output = slurp(out);
   result.errors = slurp(err);
   return result;
+}
+
+std::string write_tiny32_config(const TempDir& dir) {
+  const std::string path = dir.file("tiny32.json");
+  write_bytes(path, R"({
+    "model": {"img_size": 32, "patch_size": 16, "in_chans": 3, "num_classes": 10, "embed_dim": 64, "depth": 2,
+              "num_heads": 2},
+    "data": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "crop_pct": 1.0}
+  })");
+  return path;
+}
+
+ModelConfig tiny_vit(int64_t img, int64_t patch, int64_t in_chans, int64_t num_classes, int64_t embed_dim,
+                     int64_t depth, int64_t num_heads, double mlp_ratio) {
+  ModelConfig m;
+  m.img_h = m.img_w = img;
+  m.patch_size = patch;
+  m.in_chans = in_chans;
+  m.num_classes = num_classes;
+  m.embed_dim = embed_dim;
+  m.depth = depth;
+  m.num_heads = num_heads;
+  m.mlp_ratio = mlp_ratio;
+  return m;
+}
+
+ModelConfig input_model(int64_t H, int64_t W, int64_t C) {
+  ModelConfig model;
+  model.img_h = H;
+  model.img_w = W;
+  model.in_chans = C;
+  return model;
+}
+
+DataConfig dataset_config(const std::string& format, const std::string& root) {
+  DataConfig config;
+  config.format = format;
+  config.root = root;
+  return config;
+}
+
+RawImage gradient_image(int64_t H, int64_t W, int64_t C) {
+  RawImage image{H, W, C, {}};
+  for (int64_t y = 0; y < H; ++y) {
+    for (int64_t x = 0; x < W; ++x) {
+      for (int64_t c = 0; c < C; ++c) image.pixels.push_back(static_cast<uint8_t>((y * 9 + x * 5 + c * 60) % 256));
+    }
+  }
+  return image;
 }
 
 void write_idx_dataset(const std::string& dir, int train_count, int test_count) {
@@ -94,6 +158,32 @@ int free_port() {
   if (fd >= 0) ::close(fd);
   if (!found) throw std::runtime_error("cannot find a free port on 127.0.0.1");
   return ntohs(address.sin_port);
+}
+
+void with_two_ranks(const std::function<void(Communicator&)>& body) {
+  const int port = free_port();
+  TrainConfig train;
+  train.dist_backend = "gloo";
+  train.dist_timeout_s = 30;
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        DistEnv env;
+        env.rank = env.local_rank = rank;
+        env.world_size = 2;
+        env.master_port = port;
+        auto comm = make_communicator(env, train, torch::Device(torch::kCPU));
+        body(*comm);
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
 }
 
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {

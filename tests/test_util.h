@@ -1,10 +1,32 @@
-// Shared test helpers: reference data paths, temporary directories, running the `vit` binary.
+// Shared test helpers: reference data paths, temporary directories, running the `vit` binary, the small models and
+// datasets that many tests build, and the skips for what a build or machine lacks.
 #pragma once
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
+#include <torch/version.h>
+
+#include "config/config.h"
+#include "data/image.h"
+#include "vit/build_config.h"
+
+// CUDA cases skip with a visible reason where this libtorch has no CUDA or no GPU is visible (Debian's CPU libtorch).
+#define SKIP_WITHOUT_CUDA()                                                                                     \
+  if (!torch::cuda::is_available()) {                                                                           \
+    GTEST_SKIP() << "CUDA test skipped: this libtorch (" TORCH_VERSION ") has no CUDA support or no GPU is visible"; \
+  }
+
+// Multi-process and collective tests need c10d; a build configured without it says so instead of failing.
+#define SKIP_WITHOUT_C10D() \
+  if (!VIT_WITH_DISTRIBUTED) GTEST_SKIP() << "built with VIT_WITH_DISTRIBUTED=OFF: no c10d to test"
+
+namespace vit {
+class Communicator;
+}
 
 namespace vit::test {
 
@@ -15,6 +37,9 @@ inline std::string data_path(const std::string& name) {
   path += name;
   return path;
 }
+
+// The repository's configs/`name` (configs/fashion_mnist.json, ...): tests take shipped configs from there.
+std::string config_path(const std::string& name);
 
 // A fresh empty directory under the system temp dir, removed when the object dies.
 class TempDir {
@@ -43,6 +68,9 @@ std::string error_of(Action&& action) {
   return "(no error)";
 }
 
+// `text` in single quotes, for a /bin/sh command line.
+std::string quoted(const std::string& text);
+
 struct CommandResult {
   int status = -1;     // exit status (or -1 when killed by a signal)
   std::string output;  // stdout
@@ -51,13 +79,36 @@ struct CommandResult {
 // Runs `vit <arguments>` (arguments are passed to /bin/sh, quote as needed).
 CommandResult run_vit(const std::string& arguments);
 
+// The model and preprocessing of tests/data/tiny32/weights.safetensors (a timm file without metadata) as a config
+// file in `dir`, for --config; returns its path.
+std::string write_tiny32_config(const TempDir& dir);
+
+// A ViT small enough for a unit test: `img` x `img` inputs (set img_w for a rectangle) in `patch` px patches,
+// `depth` blocks of `num_heads` heads over `embed_dim` channels; every other field is ModelConfig's default.
+ModelConfig tiny_vit(int64_t img, int64_t patch, int64_t in_chans, int64_t num_classes, int64_t embed_dim,
+                     int64_t depth, int64_t num_heads, double mlp_ratio);
+
+// A ModelConfig that sets only the input geometry, H x W with C channels: all the data transforms read from it.
+ModelConfig input_model(int64_t H, int64_t W, int64_t C);
+
+// A DataConfig that reads dataset `format` from `root`, every other field at its default.
+DataConfig dataset_config(const std::string& format, const std::string& root);
+
+// An H x W x C image with pixel (y, x, c) = (9y + 5x + 60c) mod 256: smooth, and different in every channel.
+RawImage gradient_image(int64_t H, int64_t W, int64_t C);
+
 // A learnable MNIST-format dataset of 16x16 images in `dir` (train-*/t10k-* IDX files, raw): class k of 4 has a
 // bright 4x4 square in quadrant k and background level 20 + 30k, plus noise (the brightness makes it learnable in a
 // few steps; the square needs position embeddings).
 void write_idx_dataset(const std::string& dir, int train_count, int test_count);
 
+// A TCP port that nothing listens on right now (for a rendezvous store): the one `vit launch` uses.
 // A TCP port on 127.0.0.1 that nothing listens on right now (for a rendezvous store).
 int free_port();
+
+// Runs `body(comm)` for ranks 0 and 1 of a fresh gloo group on loopback, each on its own thread; expects neither
+// to throw.
+void with_two_ranks(const std::function<void(Communicator&)>& body);
 
 // max |a - b| over all elements.
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b);
