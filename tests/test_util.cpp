@@ -1,9 +1,6 @@
 // Shared test helpers.
 #include "test_util.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -145,19 +142,6 @@ void write_idx_dataset(const std::string& dir, int train_count, int test_count) 
   };
   write("train", train_count, 1);
   write("t10k", test_count, 2);
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  const bool found = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!found) throw std::runtime_error("cannot find a free port on 127.0.0.1");
-  return ntohs(address.sin_port);
 }
 
 void with_two_ranks(const std::function<void(Communicator&)>& body) {

@@ -12,6 +12,7 @@
 
 #include "config/config.h"
 #include "data/image.h"
+#include "launch/launch.h"
 #include "vit/build_config.h"
 
 // CUDA cases skip with a visible reason where this libtorch has no CUDA or no GPU is visible (Debian's CPU libtorch).
@@ -103,8 +104,8 @@ RawImage gradient_image(int64_t H, int64_t W, int64_t C);
 void write_idx_dataset(const std::string& dir, int train_count, int test_count);
 
 // A TCP port that nothing listens on right now (for a rendezvous store): the one `vit launch` uses.
-// A TCP port on 127.0.0.1 that nothing listens on right now (for a rendezvous store).
-int free_port();
+// A TCP port that nothing listens on right now (for a rendezvous store): the one `vit launch` uses.
+using vit::free_port;
 
 // Runs `body(comm)` for ranks 0 and 1 of a fresh gloo group on loopback, each on its own thread; expects neither
 // to throw.
