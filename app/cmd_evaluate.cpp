@@ -73,36 +73,14 @@ int run_evaluate(const EvaluateOptions& options) {
   model.net->to(device);
   for (const auto& [layer, heads] : parse_head_mask(options.mask_heads)) model.net->set_head_mask(layer, heads);
   const auto result = evaluate(model.net, loader, model.model.num_classes, device);
-  const auto per_class = precision_recall(result.confusion);
-
-  nlohmann::json report{{"checkpoint", model.path}, {"split", options.split},  {"samples", result.count},
-                        {"loss", result.loss},      {"top1", result.top1},    {"top5", result.top5}};
+  nlohmann::json report =
+      evaluation_report(result, model.class_names, [&](int64_t index) { return dataset->source(index); });
+  report["checkpoint"] = model.path;
+  report["split"] = options.split;
   if (!options.mask_heads.empty()) report["masked_heads"] = options.mask_heads;
-  nlohmann::json classes = nlohmann::json::array();
-  for (size_t k = 0; k < per_class.size(); ++k) {
-    classes.push_back({{"class", model.class_names[k]}, {"precision", per_class[k].first}, {"recall", per_class[k].second}});
-  }
-  report["per_class"] = classes;
-  nlohmann::json mistakes = nlohmann::json::array();
-  for (const auto& m : result.mistakes) {
-    mistakes.push_back({{"source", dataset->source(m.index)},
-                        {"label", model.class_names[m.label]},
-                        {"predicted", model.class_names[m.predicted]},
-                        {"confidence", m.confidence}});
-  }
-  report["confident_mistakes"] = mistakes;
   if (!options.out.empty()) {
     make_dirs(options.out);
-    std::string csv = "true\\predicted";
-    for (const auto& name : model.class_names) csv += "," + name;
-    csv += "\n";
-    auto acc = result.confusion.accessor<int64_t, 2>();
-    for (int64_t r = 0; r < result.confusion.size(0); ++r) {
-      csv += model.class_names[r];
-      for (int64_t c = 0; c < result.confusion.size(1); ++c) csv += "," + std::to_string(acc[r][c]);
-      csv += "\n";
-    }
-    write_file_atomic(options.out + "/confusion.csv", csv);
+    write_file_atomic(options.out + "/confusion.csv", confusion_csv(result.confusion, model.class_names));
     write_file_atomic(options.out + "/report.json", report.dump(2) + "\n");
 #if VIT_WITH_OPENCV
     plot_confusion(options.out + "/confusion.png", result.confusion, model.class_names);
@@ -116,12 +94,13 @@ int run_evaluate(const EvaluateOptions& options) {
   std::printf("%s on %s (%lld samples)\n", model.path.c_str(), options.split.c_str(), static_cast<long long>(result.count));
   std::printf("loss %.4f   top-1 %.2f%%   top-5 %.2f%%\n\n", result.loss, result.top1, result.top5);
   std::printf("%-24s %10s %10s\n", "class", "precision", "recall");
-  for (size_t k = 0; k < per_class.size(); ++k) {
-    std::printf("%-24s %9.2f%% %9.2f%%\n", model.class_names[k].c_str(), per_class[k].first, per_class[k].second);
+  for (const auto& row : report["per_class"]) {
+    std::printf("%-24s %9.2f%% %9.2f%%\n", row["class"].get<std::string>().c_str(), row["precision"].get<double>(),
+                row["recall"].get<double>());
   }
   if (!result.mistakes.empty()) {
     std::printf("\nmost confident mistakes:\n");
-    for (const auto& m : mistakes) {
+    for (const auto& m : report["confident_mistakes"]) {
       std::printf("  %s: %s predicted as %s (%.3f)\n", m["source"].get<std::string>().c_str(),
                   m["label"].get<std::string>().c_str(), m["predicted"].get<std::string>().c_str(),
                   m["confidence"].get<double>());

@@ -1,9 +1,6 @@
 // `vit export-attention`: per image, the model's attention tensors, attention (and gradient) rollout, overlays and
-// summary.json under DIR/<image stem>/, and DIR/index.html, a gallery that opens from disk.
-#include <chrono>
+// summary.json under DIR/<image stem>/ (src/explain/export_run.h), and DIR/index.html, a gallery that opens from disk.
 #include <cstdio>
-#include <map>
-#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -15,11 +12,7 @@
 #include "util/runtime.h"
 #include "vit/build_config.h"
 #if VIT_WITH_OPENCV
-#include "data/image.h"
-#include "explain/export.h"
-#include "explain/gallery.h"
-#include "image/decode.h"
-#include "image/draw.h"
+#include "explain/export_run.h"
 #endif
 
 namespace vit::app {
@@ -46,7 +39,6 @@ struct ExportAttentionOptions {
   std::vector<std::string> inputs;
 };
 
-// "1:0,1:2,3:1" -> {layer: [heads]} (the same syntax as evaluate --mask-heads).
 #if VIT_WITH_OPENCV
 int run_export_attention(const ExportAttentionOptions& o) {
   configure_threads(o.threads);
@@ -81,35 +73,20 @@ int run_export_attention(const ExportAttentionOptions& o) {
 
   const auto files = expand_image_inputs(o.inputs);
   if (files.empty()) throw std::invalid_argument("no image files found in the given inputs");
-  make_dirs(o.out);
-  const Normalizer normalizer(model.preprocess, config.in_chans);
-
-  std::vector<ExportResult> results;
-  std::vector<GalleryError> errors;
-  std::set<std::string> taken;
-  for (const auto& path : files) {
-    const auto start = std::chrono::steady_clock::now();
-    cv::Mat image_bgr;
-    torch::Tensor input;  // (C, H, W)
-    try {
-      // The RawImage dies at the end of this block: only the BGR copy of a large photo stays alive.
-      const RawImage raw = decode_image(path);
-      input = preprocess(raw, model.preprocess, normalizer, config.img_h, config.img_w);
-      image_bgr = to_bgr(raw);
-    } catch (const std::exception& e) {
-      log::error(e.what());
-      std::printf("%s: error: %s\n", path.c_str(), e.what());
-      errors.push_back({path, e.what()});
-      continue;
-    }
-    const std::string dir_name = unique_dir_name(path, taken);
-    results.push_back(export_image_attention(model, path, image_bgr, input, o.out, dir_name, options));
-    const auto& prediction = results.back().summary.at("prediction").at("topk").at(0);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%s: %s (%.4f) -> %s/%s/ [%.2f s]\n", path.c_str(),
-                prediction.at("label").get<std::string>().c_str(), prediction.at("prob").get<double>(),
-                o.out.c_str(), dir_name.c_str(), seconds);
-  }
+  const ExportRun exported = export_images(
+      model, files, o.out, options,
+      [&](const std::string& path, const ExportResult* result, const std::string& error, double seconds) {
+        if (result == nullptr) {
+          log::error(error);
+          std::printf("%s: error: %s\n", path.c_str(), error.c_str());
+          return;
+        }
+        const auto& prediction = result->summary.at("prediction").at("topk").at(0);
+        std::printf("%s: %s (%.4f) -> %s/%s/ [%.2f s]\n", path.c_str(),
+                    prediction.at("label").get<std::string>().c_str(), prediction.at("prob").get<double>(),
+                    o.out.c_str(), result->dir_name.c_str(), seconds);
+      });
+  const auto& [results, errors] = exported;
 
   std::string model_text = std::to_string(config.img_h) + "x" + std::to_string(config.img_w) + ", patch " +
                            std::to_string(config.patch_size) + ", grid " + std::to_string(config.grid_h()) + "x" +

@@ -1,9 +1,5 @@
-// `vit predict`: classify image files and folders with a trained model; images decode in parallel, and overlap the
-// model on a GPU.
-#include <ATen/Parallel.h>
-
+// `vit predict`: classify image files and folders with a trained model (src/infer/predict.h), as text or JSON.
 #include <cstdio>
-#include <future>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -15,8 +11,7 @@
 #include "util/runtime.h"
 #include "vit/build_config.h"
 #if VIT_WITH_OPENCV
-#include "data/image.h"
-#include "image/decode.h"
+#include "infer/predict.h"
 #endif
 
 namespace vit::app {
@@ -34,44 +29,6 @@ struct PredictOptions {
 };
 
 #if VIT_WITH_OPENCV
-// One decoded-and-preprocessed batch: rows for the images that decoded, errors for those that did not.
-struct PreparedBatch {
-  std::vector<std::string> paths;   // images in `images` order
-  torch::Tensor images;             // (B, C, H, W)
-  std::vector<std::pair<std::string, std::string>> errors;  // (path, message)
-};
-
-// Decodes and preprocesses a batch, one image per task across libtorch's intra-op threads (each image's resize then
-// runs on its own thread, as a nested parallel region runs inline).
-PreparedBatch prepare(const std::vector<std::string>& paths, const LoadedModel& model) {
-  const auto count = static_cast<int64_t>(paths.size());
-  std::vector<torch::Tensor> decoded(paths.size());
-  std::vector<std::string> failed(paths.size());
-  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      try {
-        decoded[i] = preprocess(decode_image(paths[i]), model.preprocess, model.model.img_h, model.model.img_w,
-                                model.model.in_chans);
-      } catch (const std::exception& e) {
-        failed[i] = e.what();
-        if (failed[i].empty()) failed[i] = "could not be decoded";
-      }
-    }
-  });
-  PreparedBatch batch;
-  std::vector<torch::Tensor> rows;
-  for (size_t i = 0; i < paths.size(); ++i) {
-    if (decoded[i].defined()) {
-      rows.push_back(decoded[i]);
-      batch.paths.push_back(paths[i]);
-    } else {
-      batch.errors.emplace_back(paths[i], failed[i]);
-    }
-  }
-  if (!rows.empty()) batch.images = torch::stack(rows);
-  return batch;
-}
-
 int run_predict(const PredictOptions& options) {
   configure_threads(options.threads);
   const auto device = resolve_device(options.device);
@@ -80,63 +37,45 @@ int run_predict(const PredictOptions& options) {
   model.net->eval();
   const auto files = expand_image_inputs(options.inputs);
   if (files.empty()) throw std::invalid_argument("no image files found in the given inputs");
-  const int64_t topk = std::min<int64_t>(options.topk, model.model.num_classes);
 
-  std::vector<std::vector<std::string>> chunks;
-  for (size_t i = 0; i < files.size(); i += options.batch_size) {
-    chunks.emplace_back(files.begin() + i, files.begin() + std::min(files.size(), i + options.batch_size));
-  }
   nlohmann::json results = nlohmann::json::array();
   int failures = 0;
-  auto report_error = [&](const std::string& path, const std::string& message) {
+  auto print_error = [&](const Prediction& image) {
     ++failures;
-    log::error(message);
+    log::error(image.error);
     if (options.json) {
-      results.push_back({{"image", path}, {"error", message}});
+      results.push_back({{"image", image.path}, {"error", image.error}});
     } else {
-      std::printf("%s: error: %s\n", path.c_str(), message.c_str());
+      std::printf("%s: error: %s\n", image.path.c_str(), image.error.c_str());
     }
   };
-
-  c10::InferenceMode inference;
-  // On a GPU the CPU decodes the next batch while the current one runs. On the CPU decoding and the model share the
-  // cores: each uses all of them in turn (a decoding thread beside the model's threads would only make both wait).
-  const bool overlap = device.is_cuda();
-  std::future<PreparedBatch> next;
-  if (overlap) next = std::async(std::launch::async, prepare, chunks[0], std::cref(model));
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    PreparedBatch batch = overlap ? next.get() : prepare(chunks[c], model);
-    if (overlap && c + 1 < chunks.size()) {
-      next = std::async(std::launch::async, prepare, chunks[c + 1], std::cref(model));
+  auto print_prediction = [&](const Prediction& image) {
+    nlohmann::json top = nlohmann::json::array();
+    std::string line = image.path + ":";
+    for (size_t k = 0; k < image.top_index.size(); ++k) {
+      const int64_t index = image.top_index[k];
+      const double p = image.top_prob[k];
+      top.push_back({{"index", index}, {"label", model.class_names[index]}, {"prob", p}});
+      char cell[256];
+      std::snprintf(cell, sizeof cell, "%s %s (%.4f)", k ? "," : "", model.class_names[index].c_str(), p);
+      line += cell;
     }
-    for (const auto& [path, message] : batch.errors) report_error(path, message);
-    if (batch.paths.empty()) continue;
-    torch::Tensor input = batch.images;
-    if (device.is_cuda()) input = input.pin_memory().to(device, /*non_blocking=*/true);
-    auto logits = model.net->forward(input).to(torch::kCPU, torch::kFloat32);  // (B, K)
-    auto probs = logits.softmax(-1);
-    auto [top_p, top_i] = probs.topk(topk, -1);
-    for (size_t r = 0; r < batch.paths.size(); ++r) {
-      const auto row = static_cast<int64_t>(r);
-      nlohmann::json top = nlohmann::json::array();
-      std::string line = batch.paths[r] + ":";
-      for (int64_t k = 0; k < topk; ++k) {
-        const int64_t index = top_i[row][k].item<int64_t>();
-        const double p = top_p[row][k].item<float>();
-        top.push_back({{"index", index}, {"label", model.class_names[index]}, {"prob", p}});
-        char cell[256];
-        std::snprintf(cell, sizeof cell, "%s %s (%.4f)", k ? "," : "", model.class_names[index].c_str(), p);
-        line += cell;
-      }
-      if (!options.json) {
-        std::printf("%s\n", line.c_str());
-        continue;
-      }
-      auto row_logits = logits[row].contiguous();
-      std::vector<float> all(row_logits.data_ptr<float>(), row_logits.data_ptr<float>() + row_logits.numel());
-      results.push_back({{"image", batch.paths[r]}, {"topk", top}, {"logits", all}});
+    if (options.json) {
+      results.push_back({{"image", image.path}, {"topk", top}, {"logits", image.logits}});
+    } else {
+      std::printf("%s\n", line.c_str());
     }
-  }
+  };
+  // Printed batch by batch as they come: a batch's errors first, then its classified images.
+  const vit::PredictOptions batching{options.topk, options.batch_size};
+  predict_images(model, files, batching, [&](const std::vector<Prediction>& batch) {
+    for (const auto& image : batch) {
+      if (!image.ok()) print_error(image);
+    }
+    for (const auto& image : batch) {
+      if (image.ok()) print_prediction(image);
+    }
+  });
   if (options.json) std::cout << results.dump(2) << "\n";
   if (failures > 0) {
     log::error(std::to_string(failures) + " of " + std::to_string(files.size()) + " images could not be classified");

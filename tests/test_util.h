@@ -104,7 +104,6 @@ RawImage gradient_image(int64_t H, int64_t W, int64_t C);
 void write_idx_dataset(const std::string& dir, int train_count, int test_count);
 
 // A TCP port that nothing listens on right now (for a rendezvous store): the one `vit launch` uses.
-// A TCP port that nothing listens on right now (for a rendezvous store): the one `vit launch` uses.
 using vit::free_port;
 
 // Runs `body(comm)` for ranks 0 and 1 of a fresh gloo group on loopback, each on its own thread; expects neither

@@ -87,4 +87,38 @@ std::vector<std::pair<double, double>> precision_recall(const torch::Tensor& con
   return out;
 }
 
+nlohmann::json evaluation_report(const EvalResult& result, const std::vector<std::string>& class_names,
+                                 const std::function<std::string(int64_t)>& source_of) {
+  nlohmann::json report{{"samples", result.count}, {"loss", result.loss}, {"top1", result.top1}, {"top5", result.top5}};
+  const auto per_class = precision_recall(result.confusion);
+  nlohmann::json classes = nlohmann::json::array();
+  for (size_t k = 0; k < per_class.size(); ++k) {
+    classes.push_back({{"class", class_names[k]}, {"precision", per_class[k].first}, {"recall", per_class[k].second}});
+  }
+  report["per_class"] = classes;
+  nlohmann::json mistakes = nlohmann::json::array();
+  for (const auto& m : result.mistakes) {
+    mistakes.push_back({{"source", source_of(m.index)},
+                        {"label", class_names[m.label]},
+                        {"predicted", class_names[m.predicted]},
+                        {"confidence", m.confidence}});
+  }
+  report["confident_mistakes"] = mistakes;
+  return report;
+}
+
+std::string confusion_csv(const torch::Tensor& confusion, const std::vector<std::string>& class_names) {
+  std::string csv = "true\\predicted";
+  for (const auto& name : class_names) csv += "," + name;
+  csv += "\n";
+  const auto counts = confusion.to(torch::kInt64).contiguous();
+  const auto acc = counts.accessor<int64_t, 2>();
+  for (int64_t r = 0; r < counts.size(0); ++r) {
+    csv += class_names[r];
+    for (int64_t c = 0; c < counts.size(1); ++c) csv += "," + std::to_string(acc[r][c]);
+    csv += "\n";
+  }
+  return csv;
+}
+
 }  // namespace vit

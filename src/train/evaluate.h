@@ -2,7 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <torch/torch.h>
 
@@ -35,5 +39,14 @@ EvalResult evaluate(VisionTransformer& net, Loader& loader, int64_t num_classes,
 
 // Per-class precision and recall (percent) from a confusion matrix.
 std::vector<std::pair<double, double>> precision_recall(const torch::Tensor& confusion);
+
+// The report `vit evaluate --json` prints and report.json holds: samples, loss, top1, top5, per_class (class,
+// precision, recall) and confident_mistakes (source, label, predicted, confidence); `source_of(index)` names a
+// dataset sample (its file, or its index in an archive).
+nlohmann::json evaluation_report(const EvalResult& result, const std::vector<std::string>& class_names,
+                                 const std::function<std::string(int64_t)>& source_of);
+
+// The confusion matrix as CSV: a header "true\predicted,<class>,...", then one row of counts per true class.
+std::string confusion_csv(const torch::Tensor& confusion, const std::vector<std::string>& class_names);
 
 }  // namespace vit

@@ -1,0 +1,30 @@
+// `vit export-attention` over many images: each decoded through the shared inputs path (infer/inputs.h) and exported
+// into its own folder; an image that fails gets an error entry instead of stopping the run. Vision library (OpenCV).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "explain/export.h"
+#include "explain/gallery.h"
+
+namespace vit {
+
+struct ExportRun {
+  std::vector<ExportResult> results;  // the exported images, in input order
+  std::vector<GalleryError> errors;   // the images that failed, in input order
+};
+
+// Told about each image once it is done: result is null when it failed (then error says why); seconds counts its
+// decoding and export.
+using ExportProgress =
+    std::function<void(const std::string& path, const ExportResult* result, const std::string& error, double seconds)>;
+
+// Creates out_dir and exports every image of `paths` into out_dir/<unique stem>/ with export_image_attention(), one
+// image at a time (only one full-size image is held). The model should be in eval mode with any head mask set.
+// Does not write the gallery (write_gallery takes the returned results and errors).
+ExportRun export_images(LoadedModel& model, const std::vector<std::string>& paths, const std::string& out_dir,
+                        const ExportOptions& options, const ExportProgress& on_image = nullptr);
+
+}  // namespace vit

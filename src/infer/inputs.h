@@ -1,0 +1,33 @@
+// Image files to model inputs: the one place that decodes command-line images (predict, export-attention) through the
+// shared preprocessing, in parallel, with an error per image instead of an abort. Vision library (OpenCV).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <opencv2/core.hpp>
+#include <torch/types.h>
+
+#include "config/config.h"
+
+namespace vit {
+
+struct PreparedImage {
+  std::string path;
+  torch::Tensor input;  // (C, H, W) float32 at the model's size; undefined when the image failed
+  std::string error;    // why it failed (names the path); "" when it was prepared
+  cv::Mat image_bgr;    // the decoded image at its own resolution, 8-bit BGR; only with keep_bgr
+  bool ok() const { return input.defined(); }
+};
+
+// Decodes `paths` and preprocesses them for `model` (its size and channels) with `preprocess`, one image per task
+// across libtorch's intra-op threads (each image's resize then runs on its own thread). A file that is missing,
+// unreadable or not a decodable image gets its error; the others are still prepared. Results are in `paths` order.
+// keep_bgr: also keep each image's BGR copy (for overlays); costs the memory of every full-size image.
+std::vector<PreparedImage> prepare_images(const std::vector<std::string>& paths, const Preprocess& preprocess,
+                                          const ModelConfig& model, bool keep_bgr = false);
+
+// The inputs of the prepared images stacked in order, (B, C, H, W); undefined when none was prepared.
+torch::Tensor stack_inputs(const std::vector<PreparedImage>& images);
+
+}  // namespace vit
