@@ -41,7 +41,7 @@ int run_bench_command(const BenchArgs& args) {
   options.warmup = args.warmup;
   options.device = args.device.empty() ? config->train.device : args.device;
   options.threads = args.threads >= 0 ? args.threads : static_cast<int>(config->train.threads);
-  options.amp = args.amp.empty() ? config->train.amp : args.amp;
+  options.amp = args.amp.empty() ? config->train.amp : *enum_from_name<AmpMode>(args.amp);
   options.seed = config->train.seed;
   const auto r = run_bench(config->model, options);
   if (args.json) {
@@ -49,7 +49,7 @@ int run_bench_command(const BenchArgs& args) {
     return kOk;
   }
   std::printf("device          %s, %d threads, amp %s, batch %lld, %.3f GMACs/image\n", r.device.c_str(), r.threads,
-              r.amp.c_str(), static_cast<long long>(r.batch_size), r.gmacs);
+              name_of(r.amp), static_cast<long long>(r.batch_size), r.gmacs);
   if (r.train_img_per_s >= 0) {
     std::printf("train           %s img/s, step p50 %s ms, p95 %s ms, %s GFLOP/s\n",
                 figure(r.train_img_per_s).c_str(), figure(r.step_ms_p50).c_str(), figure(r.step_ms_p95).c_str(),
@@ -98,7 +98,7 @@ void setup_bench(CLI::App& app, int& status) {
   command->add_option("--threads", args->threads, "CPU threads, 0 = all cores (default: the config's train.threads)")
       ->check(CLI::NonNegativeNumber);
   command->add_option("--amp", args->amp, "off | bf16 | fp16, CUDA only (default: the config's train.amp)")
-      ->check(CLI::IsMember({"off", "bf16", "fp16"}));
+      ->check(enum_choice<AmpMode>());
   command->add_flag("--json", args->json, "print one JSON object");
   command->callback([args, &status] { status = run_bench_command(*args); });
 }

@@ -67,7 +67,7 @@ int run_evaluate(const EvaluateOptions& options) {
   loader_options.shuffle = false;
   loader_options.drop_last = false;
   loader_options.num_workers = config->data.num_workers;
-  loader_options.skip_bad_images = config->data.on_bad_image == "skip";
+  loader_options.skip_bad_images = config->data.on_bad_image == BadImagePolicy::skip;
   loader_options.pin_memory = device.is_cuda();
   Loader loader(dataset, make_eval_transform(config->data, config->model), loader_options);
   model.net->to(device);

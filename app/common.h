@@ -29,6 +29,13 @@ LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& arg
 // --mask-heads "1:0,1:2,3:1" -> {layer: [heads]}; throws naming the bad item.
 std::map<int64_t, std::vector<int64_t>> parse_head_mask(const std::string& text);
 
+// Accepts exactly the spellings of enum E (config/enum_names.h), naming them when another is given.
+template <typename E>
+CLI::Validator enum_choice() {
+  const auto& names = EnumNames<E>::names;
+  return CLI::IsMember(std::vector<std::string>(names.begin(), names.end()));
+}
+
 void add_device_args(CLI::App* command, std::string& device, int& threads);
 
 }  // namespace vit::app

@@ -40,10 +40,10 @@ BenchOptions short_run(const std::string& device, int64_t batch_size, int64_t st
 TEST(Cuda, BenchRunsOnCuda) {
   SKIP_WITHOUT_CUDA();
   BenchOptions options = short_run("cuda", /*batch_size=*/8, /*steps=*/3, /*warmup=*/1, /*peak_seconds=*/0.1);
-  options.amp = "bf16";
+  options.amp = AmpMode::bf16;
   const auto result = run_bench(small_model(), options);
   EXPECT_EQ(result.device, "cuda:0");
-  EXPECT_EQ(result.amp, "bf16");
+  EXPECT_EQ(result.amp, AmpMode::bf16);
   EXPECT_GT(result.train_img_per_s, 0.0);
   EXPECT_GT(result.latency_ms_p50, 0.0);
   EXPECT_GT(result.peak_gflops, 0.0);
@@ -136,7 +136,7 @@ TEST(Bench, AllReduceCostPerStepForFashionMnistAndVitSmall) {
       for (int i = 0; i < 6; ++i) {
         flat.fill_(static_cast<float>(comm.rank() + 1));
         const auto start = Clock::now();
-        all_reduce_mean(comm, flat);
+        test::all_reduce_mean(comm, flat);
         if (i > 0) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
       }
       std::sort(times.begin(), times.end());

@@ -1,7 +1,11 @@
 // Config parsing: presets with overrides, --set, and errors that name the JSON path, the value and the expectation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -74,6 +78,90 @@ TEST(ConfigRoundTrip, ToJsonParsesBackToTheSameConfig) {
   const json twice = to_json(parse_config(once, "y"));
   EXPECT_EQ(once, twice);
   EXPECT_EQ(once["model"]["init_values"], 1e-5);
+}
+
+// Every key, written here by hand with a value other than its default: to_json must give back exactly this
+// document. A field that parsing or to_json forgot, or one added to the config without a line here, fails it.
+const char* const kEveryKey = R"({
+  "model": {"preset": "vit_small_patch16_224", "img_size": [64, 96], "patch_size": 8, "in_chans": 1,
+            "num_classes": 7, "embed_dim": 96, "depth": 3, "num_heads": 4, "mlp_ratio": 3.0, "qkv_bias": false,
+            "class_token": false, "global_pool": "avg", "drop_rate": 0.1, "attn_drop_rate": 0.2,
+            "proj_drop_rate": 0.3, "drop_path_rate": 0.4, "init_values": 0.001, "layer_norm_eps": 1e-5,
+            "rel_pos_bias": true},
+  "data": {"mean": [0.25], "std": [0.75], "interpolation": "bilinear", "crop_pct": 0.875, "format": "csv",
+           "root": "r", "train_dir": "td", "val_dir": "vd", "test_dir": "sd", "train_csv": "t.csv",
+           "val_csv": "v.csv", "test_csv": "s.csv", "val_fraction": 0.2, "train_subset": 100, "val_subset": 50,
+           "num_workers": 3, "prefetch_batches": 7, "on_bad_image": "skip",
+           "augment": {"random_resized_crop": true, "scale": [0.2, 0.9], "ratio": [0.5, 2.0], "pad_crop": 4,
+                       "hflip": 0.5, "randaugment_ops": 2, "randaugment_magnitude": 7.0, "random_erasing": 0.25,
+                       "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "mix_prob": 0.6, "switch_prob": 0.3}},
+  "train": {"epochs": 4, "batch_size": 16, "accum_steps": 2, "lr": 0.002, "min_lr": 0.0001, "warmup_lr": 0.00001,
+            "warmup_steps": 10, "warmup_epochs": 1.5, "weight_decay": 0.1, "beta1": 0.8, "beta2": 0.99,
+            "eps": 1e-7, "clip_grad": 2.0, "label_smoothing": 0.2, "ema_decay": 0.99, "device": "cpu",
+            "amp": "bf16", "threads": 2, "seed": 7, "log_interval": 5, "checkpoint_interval": 20,
+            "eval_interval": 2, "max_steps": 30, "target_top1": 88.5, "dist_backend": "gloo",
+            "dist_timeout_s": 60.0, "output_root": "out"}
+})";
+
+std::vector<std::string> leaf_keys(const json& j, const std::string& prefix = "") {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : j.items()) {
+    if (value.is_object()) {
+      for (auto& inner : leaf_keys(value, prefix + key + ".")) keys.push_back(inner);
+    } else {
+      keys.push_back(prefix + key);
+    }
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+TEST(ConfigRoundTrip, EveryKeyWithANonDefaultValueSurvivesToJson) {
+  const json written = json::parse(kEveryKey);
+  const json back = to_json(parse_config(written, "every-key.json"));
+  EXPECT_EQ(back, written) << "to_json gave:\n" << back.dump(2);
+  std::vector<std::string> listed = config_keys();
+  std::sort(listed.begin(), listed.end());
+  EXPECT_EQ(leaf_keys(written), listed) << "config_keys() and this test's document list different keys";
+  // Non-default: every value differs from the default config's (else a dropped field would go unnoticed).
+  const json defaults = to_json(Config{});
+  for (const auto& key : leaf_keys(written)) {
+    const json::json_pointer pointer("/" + std::regex_replace(key, std::regex("\\."), "/"));
+    if (key == "model.preset") continue;  // no default to differ from
+    EXPECT_NE(written.at(pointer), defaults.at(pointer)) << key << " has its default value in the test document";
+  }
+}
+
+// Every key is documented beside its field in the config headers (the field has a `// ...` comment).
+TEST(ConfigKeys, EachIsDocumentedInTheConfigHeaders) {
+  std::string headers;
+  for (const char* name : {"config.h", "model_config.h"}) {
+    std::ifstream file(std::string(VIT_TEST_DATA) + "/../../src/config/" + name);
+    ASSERT_TRUE(file) << name;
+    headers += std::string(std::istreambuf_iterator<char>(file), {});
+  }
+  const std::map<std::string, std::string> field_of{{"img_size", "img_h"}};
+  for (const auto& key : config_keys()) {
+    std::string field = key.substr(key.rfind('.') + 1);
+    if (field_of.count(field)) field = field_of.at(field);
+    const std::regex documented("[ ,(<>:A-Za-z0-9_]+ " + field + "( = [^;]*)?;[ ]*//[^\n]+");
+    EXPECT_TRUE(std::regex_search(headers, documented)) << key << ": no documented field `" << field << "`";
+  }
+}
+
+TEST(ConfigEnums, EveryClosedSetRejectsOtherSpellingsNamingTheChoices) {
+  const std::vector<std::pair<const char*, const char*>> cases{
+      {R"({"model": {"global_pool": "max"}})", "model.global_pool: \"max\" is not one of: token, avg"},
+      {R"({"data": {"format": "imagenet"}})",
+       "data.format: \"imagenet\" is not one of: folder, csv, mnist, fashion_mnist, cifar10, cifar100"},
+      {R"({"data": {"on_bad_image": "ignore"}})", "data.on_bad_image: \"ignore\" is not one of: fail, skip"},
+      {R"({"train": {"amp": "fp8"}})", "train.amp: \"fp8\" is not one of: off, bf16, fp16"},
+      {R"({"train": {"dist_backend": "mpi"}})", "train.dist_backend: \"mpi\" is not one of: auto, gloo, nccl"}};
+  for (const auto& [doc, message] : cases) EXPECT_EQ(error_of(json::parse(doc)), std::string("cfg.json: ") + message);
+  EXPECT_EQ(error_of(json::parse(R"({"train": {"amp": 1}})")), "cfg.json: train.amp: 1 is not a string");
+  EXPECT_EQ(name_of(DistBackend::automatic), std::string("auto"));
+  EXPECT_EQ(enum_from_name<Interpolation>("bicubic"), Interpolation::bicubic);
+  EXPECT_FALSE(enum_from_name<Interpolation>("nearest").has_value());
 }
 
 }  // namespace

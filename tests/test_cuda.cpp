@@ -137,7 +137,7 @@ TEST(Cuda, NcclGroupOfOneRunsCollectives) {
   DistEnv env;
   env.master_port = test::free_port();
   TrainConfig train;
-  train.dist_backend = "nccl";
+  train.dist_backend = DistBackend::nccl;
   train.dist_timeout_s = 60;
   const torch::Device cuda(torch::kCUDA, 0);
   auto comm = join_process_group(env, train, cuda);  // throws when this build has no NCCL

@@ -43,7 +43,7 @@ TEST(ModelNames, StateDictKeysAreTimms) {
                           "head.weight", "head.bias"}) {
     EXPECT_TRUE(keys.count(key)) << key;
   }
-  config.global_pool = "avg";
+  config.global_pool = GlobalPool::avg;
   VisionTransformer pooled(config);
   std::set<std::string> pooled_keys;
   for (const auto& p : pooled->named_parameters()) pooled_keys.insert(p.key());

@@ -84,9 +84,6 @@ void check_options(const ModelConfig& model, const BenchOptions& options) {
   if (options.mode != "train" && options.mode != "infer" && options.mode != "both") {
     throw std::invalid_argument("bench mode \"" + options.mode + "\" is not one of: train, infer, both");
   }
-  if (options.amp != "off" && options.amp != "bf16" && options.amp != "fp16") {
-    throw std::invalid_argument("bench amp \"" + options.amp + "\" is not one of: off, bf16, fp16");
-  }
   if (options.batch_size < 1) {
     throw std::invalid_argument("bench batch size must be at least 1, got " + std::to_string(options.batch_size));
   }
@@ -140,13 +137,13 @@ BenchResult run_bench(const ModelConfig& model_config, const BenchOptions& optio
   result.threads = configure_threads(options.threads);
   const torch::Device device = resolve_device(options.device);
   result.device = device.str();
-  if (options.amp != "off" && !device.is_cuda()) {
-    log::warn("--amp " + options.amp + " needs CUDA; benching float32 on " + device.str());
+  if (options.amp != AmpMode::off && !device.is_cuda()) {
+    log::warn(std::string("--amp ") + name_of(options.amp) + " needs CUDA; benching float32 on " + device.str());
   }
-  const bool amp = options.amp != "off" && device.is_cuda();
-  const bool fp16 = amp && options.amp == "fp16";
+  const bool amp = options.amp != AmpMode::off && device.is_cuda();
+  const bool fp16 = amp && options.amp == AmpMode::fp16;
   const auto amp_dtype = fp16 ? torch::kHalf : torch::kBFloat16;
-  result.amp = amp ? options.amp : "off";
+  result.amp = amp ? options.amp : AmpMode::off;
   result.batch_size = options.batch_size;
   const auto macs = static_cast<double>(forward_macs(model_config));
   result.gmacs = macs / 1e9;
@@ -239,7 +236,7 @@ nlohmann::json to_json(const BenchResult& r) {
       {"gflops", value(r.gflops())},
       {"peak_fraction", value(r.peak_fraction())},
       {"device", r.device},
-      {"amp", r.amp},
+      {"amp", name_of(r.amp)},
       {"threads", r.threads},
       {"batch_size", r.batch_size},
       {"gmacs", r.gmacs},

@@ -20,7 +20,7 @@ struct BenchOptions {
   int64_t warmup = 3;          // untimed iterations before each measurement
   std::string device = "auto"; // auto | cpu | cuda | cuda:N
   int threads = 0;             // intra-op threads (0 = all cores)
-  std::string amp = "off";     // off | bf16 | fp16 (CUDA only; ignored with a warning on CPU)
+  AmpMode amp = AmpMode::off;  // CUDA only; ignored with a warning on CPU
   double peak_seconds = 0.5;   // time spent measuring the matmul peak (0 = skip it)
   uint64_t seed = 0;           // seeds the weights and the synthetic inputs
 };
@@ -28,7 +28,7 @@ struct BenchOptions {
 // Every rate is per second of wall time; "ms" figures are per call. Undefined measurements stay negative.
 struct BenchResult {
   std::string device;        // e.g. "cpu", "cuda:0"
-  std::string amp;           // the precision actually used
+  AmpMode amp = AmpMode::off;  // the precision actually used
   int threads = 0;           // intra-op threads
   int64_t batch_size = 0;
   double gmacs = 0.0;        // forward multiply-accumulates per image (model/flops.h), in 1e9

@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -101,16 +102,15 @@ class Section {
       out = {(*v)[0].get<double>(), (*v)[1].get<double>()};
     }
   }
-  // A string that must be one of `allowed`.
-  void read_choice(const std::string& key, std::string& out, const std::vector<std::string>& allowed) {
-    read(key, out);
-    if (has(key)) check_choice(key, out, allowed);
-  }
-  void check_choice(const std::string& key, const std::string& value, const std::vector<std::string>& allowed) const {
-    if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return;
-    std::string list;
-    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-    fail(source_, path(key), "\"" + value + "\" is not one of: " + list);
+  // A closed set: one of the enum's spellings.
+  template <typename E, typename = std::enable_if_t<std::is_enum_v<E>>>
+  void read(const std::string& key, E& out) {
+    std::string text;
+    read(key, text);
+    if (!has(key)) return;
+    const auto value = enum_from_name<E>(text);
+    if (!value) fail(source_, path(key), "\"" + text + "\" is not one of: " + enum_choices<E>());
+    out = *value;
   }
 
   // Unknown keys are an error, never silently ignored.
@@ -150,11 +150,6 @@ std::string interval(const Pair& range) {
 void check_range(double v, double lo, double hi, bool hi_open, const std::string& source, const std::string& path) {
   const bool ok = v >= lo && (hi_open ? v < hi : v <= hi);
   check(ok, source, path, num(v) + " is out of range [" + num(lo) + ", " + num(hi) + (hi_open ? ")" : "]"));
-}
-
-json resolve_sections(const json& doc, const std::string& source) {
-  if (!doc.is_object()) fail(source, "(top level)", "a config must be a JSON object with model/data/train sections");
-  return doc;
 }
 
 }  // namespace
@@ -198,9 +193,7 @@ void validate(const ModelConfig& m, const std::string& source) {
   check(m.embed_dim % m.num_heads == 0, source, path("num_heads"),
         std::to_string(m.num_heads) + " does not divide embed_dim " + std::to_string(m.embed_dim));
   check(m.mlp_ratio > 0, source, path("mlp_ratio"), num(m.mlp_ratio) + " must be positive");
-  check(m.global_pool == "token" || m.global_pool == "avg", source, path("global_pool"),
-        "\"" + m.global_pool + "\" is not one of: token, avg");
-  check(m.global_pool != "token" || m.class_token, source, path("global_pool"),
+  check(m.global_pool != GlobalPool::token || m.class_token, source, path("global_pool"),
         "\"token\" pooling needs class_token true (use \"avg\")");
   check_range(m.drop_rate, 0, 1, true, source, path("drop_rate"));
   check_range(m.attn_drop_rate, 0, 1, true, source, path("attn_drop_rate"));
@@ -211,80 +204,196 @@ void validate(const ModelConfig& m, const std::string& source) {
         num(m.init_values.value_or(0)) + " must be positive (or null for no LayerScale)");
 }
 
-ModelConfig parse_model_config(const json& section_json, const std::string& source) {
-  Section s(section_json, "model", source);
-  ModelConfig m;
-  if (const json* preset = s.take("preset")) {
-    if (!preset->is_string()) fail(source, "model.preset", show(*preset) + " is not a string");
-    try {
-      m = model_preset(preset->get<std::string>());
-    } catch (const std::invalid_argument& e) {
-      fail(source, "model.preset", e.what());
-    }
-  }
-  if (const json* size = s.take("img_size")) {
-    if (size->is_number_integer()) {
-      m.img_h = m.img_w = size->get<int64_t>();
-    } else if (size->is_array() && size->size() == 2 && (*size)[0].is_number_integer() &&
-               (*size)[1].is_number_integer()) {
-      m.img_h = (*size)[0].get<int64_t>();
-      m.img_w = (*size)[1].get<int64_t>();
-    } else {
-      fail(source, "model.img_size", show(*size) + " is not an integer or an [H, W] pair");
-    }
-  }
-  s.read("patch_size", m.patch_size);
-  s.read("in_chans", m.in_chans);
-  s.read("num_classes", m.num_classes);
-  s.read("embed_dim", m.embed_dim);
-  s.read("depth", m.depth);
-  s.read("num_heads", m.num_heads);
-  s.read("mlp_ratio", m.mlp_ratio);
-  s.read("qkv_bias", m.qkv_bias);
-  s.read("class_token", m.class_token);
-  s.read_choice("global_pool", m.global_pool, {"token", "avg"});
-  s.read("drop_rate", m.drop_rate);
-  s.read("attn_drop_rate", m.attn_drop_rate);
-  s.read("proj_drop_rate", m.proj_drop_rate);
-  s.read("drop_path_rate", m.drop_path_rate);
-  s.read("init_values", m.init_values);
-  s.read("layer_norm_eps", m.layer_norm_eps);
-  s.read("rel_pos_bias", m.rel_pos_bias);
-  s.finish();
-  validate(m, source);
-  return m;
-}
-
 namespace {
 
-void read_preprocess(Section& s, Preprocess& p) {
-  s.read("mean", p.mean);
-  s.read("std", p.std);
-  s.read_choice("interpolation", p.interpolation, {"bilinear", "bicubic"});
-  s.read("crop_pct", p.crop_pct);
-  const auto& source = s.source();
-  check(p.crop_pct > 0 && p.crop_pct <= 1, source, s.path("crop_pct"), num(p.crop_pct) + " is out of range (0, 1]");
-  check(p.mean.size() == p.std.size(), source, s.path("std"),
-        std::to_string(p.std.size()) + " values, but mean has " + std::to_string(p.mean.size()));
-  for (double v : p.std) check(v > 0, source, s.path("std"), num(v) + " must be positive");
+// ---- The one list of config keys. Each section's fields are visited in one function, and parsing, to_json and
+// config_keys() are visitors over it: a field added or dropped here is added or dropped everywhere. ----
+
+template <typename Model, typename Visitor>
+void visit_model(Model& m, Visitor& v) {
+  v.preset("preset", m.preset);
+  v.size("img_size", m.img_h, m.img_w);
+  v("patch_size", m.patch_size);
+  v("in_chans", m.in_chans);
+  v("num_classes", m.num_classes);
+  v("embed_dim", m.embed_dim);
+  v("depth", m.depth);
+  v("num_heads", m.num_heads);
+  v("mlp_ratio", m.mlp_ratio);
+  v("qkv_bias", m.qkv_bias);
+  v("class_token", m.class_token);
+  v("global_pool", m.global_pool);
+  v("drop_rate", m.drop_rate);
+  v("attn_drop_rate", m.attn_drop_rate);
+  v("proj_drop_rate", m.proj_drop_rate);
+  v("drop_path_rate", m.drop_path_rate);
+  v("init_values", m.init_values);
+  v("layer_norm_eps", m.layer_norm_eps);
+  v("rel_pos_bias", m.rel_pos_bias);
 }
 
-AugmentConfig parse_augment(const json& section_json, const std::string& source) {
-  Section s(section_json, "data.augment", source);
-  AugmentConfig a;
-  s.read("random_resized_crop", a.random_resized_crop);
-  s.read("scale", a.scale);
-  s.read("ratio", a.ratio);
-  s.read("pad_crop", a.pad_crop);
-  s.read("hflip", a.hflip);
-  s.read("randaugment_ops", a.randaugment_ops);
-  s.read("randaugment_magnitude", a.randaugment_magnitude);
-  s.read("random_erasing", a.random_erasing);
-  s.read("mixup_alpha", a.mixup_alpha);
-  s.read("cutmix_alpha", a.cutmix_alpha);
-  s.read("mix_prob", a.mix_prob);
-  s.read("switch_prob", a.switch_prob);
-  s.finish();
+template <typename P, typename Visitor>
+void visit_preprocess(P& p, Visitor& v) {
+  v("mean", p.mean);
+  v("std", p.std);
+  v("interpolation", p.interpolation);
+  v("crop_pct", p.crop_pct);
+}
+
+template <typename A, typename Visitor>
+void visit_augment(A& a, Visitor& v) {
+  v("random_resized_crop", a.random_resized_crop);
+  v("scale", a.scale);
+  v("ratio", a.ratio);
+  v("pad_crop", a.pad_crop);
+  v("hflip", a.hflip);
+  v("randaugment_ops", a.randaugment_ops);
+  v("randaugment_magnitude", a.randaugment_magnitude);
+  v("random_erasing", a.random_erasing);
+  v("mixup_alpha", a.mixup_alpha);
+  v("cutmix_alpha", a.cutmix_alpha);
+  v("mix_prob", a.mix_prob);
+  v("switch_prob", a.switch_prob);
+}
+
+template <typename D, typename Visitor>
+void visit_data(D& d, Visitor& v) {
+  visit_preprocess(d.preprocess, v);  // mean/std/interpolation/crop_pct sit directly under "data"
+  v("format", d.format);
+  v("root", d.root);
+  v("train_dir", d.train_dir);
+  v("val_dir", d.val_dir);
+  v("test_dir", d.test_dir);
+  v("train_csv", d.train_csv);
+  v("val_csv", d.val_csv);
+  v("test_csv", d.test_csv);
+  v("val_fraction", d.val_fraction);
+  v("train_subset", d.train_subset);
+  v("val_subset", d.val_subset);
+  v("num_workers", d.num_workers);
+  v("prefetch_batches", d.prefetch_batches);
+  v("on_bad_image", d.on_bad_image);
+  v.section("augment", d.augment, [](auto& a, auto& sub) { visit_augment(a, sub); });
+}
+
+template <typename T, typename Visitor>
+void visit_train(T& t, Visitor& v) {
+  v("epochs", t.epochs);
+  v("batch_size", t.batch_size);
+  v("accum_steps", t.accum_steps);
+  v("lr", t.lr);
+  v("min_lr", t.min_lr);
+  v("warmup_lr", t.warmup_lr);
+  v("warmup_steps", t.warmup_steps);
+  v("warmup_epochs", t.warmup_epochs);
+  v("weight_decay", t.weight_decay);
+  v("beta1", t.beta1);
+  v("beta2", t.beta2);
+  v("eps", t.eps);
+  v("clip_grad", t.clip_grad);
+  v("label_smoothing", t.label_smoothing);
+  v("ema_decay", t.ema_decay);
+  v("device", t.device);
+  v("amp", t.amp);
+  v("threads", t.threads);
+  v("seed", t.seed);
+  v("log_interval", t.log_interval);
+  v("checkpoint_interval", t.checkpoint_interval);
+  v("eval_interval", t.eval_interval);
+  v("max_steps", t.max_steps);
+  v("target_top1", t.target_top1);
+  v("dist_backend", t.dist_backend);
+  v("dist_timeout_s", t.dist_timeout_s);
+  v("output_root", t.output_root);
+}
+
+// Parsing: every key through Section's checked readers.
+struct Reader {
+  Section& s;
+  template <typename Field>
+  void operator()(const char* key, Field& field) {
+    s.read(key, field);
+  }
+  void preset(const char*, std::string&) {}  // read before everything else (it fills the defaults)
+  void size(const char* key, int64_t& h, int64_t& w) {
+    const json* size = s.take(key);
+    if (size == nullptr) return;
+    if (size->is_number_integer()) {
+      h = w = size->get<int64_t>();
+    } else if (size->is_array() && size->size() == 2 && (*size)[0].is_number_integer() &&
+               (*size)[1].is_number_integer()) {
+      h = (*size)[0].get<int64_t>();
+      w = (*size)[1].get<int64_t>();
+    } else {
+      fail(s.source(), s.path(key), show(*size) + " is not an integer or an [H, W] pair");
+    }
+  }
+  template <typename Sub, typename Visit>
+  void section(const char* key, Sub& sub, Visit visit) {
+    const json* object = s.take(key);
+    if (object == nullptr) return;
+    Section inner(*object, s.path(key), s.source());
+    Reader reader{inner};
+    visit(sub, reader);
+    inner.finish();
+  }
+};
+
+// to_json: enums as their spelling, an absent optional as null.
+struct Writer {
+  json& j;
+  template <typename Field>
+  void operator()(const char* key, const Field& field) {
+    if constexpr (std::is_enum_v<Field>) {
+      j[key] = name_of(field);
+    } else {
+      j[key] = field;
+    }
+  }
+  void operator()(const char* key, const std::optional<double>& field) {
+    j[key] = field ? json(*field) : json(nullptr);
+  }
+  void preset(const char* key, const std::string& name) {
+    if (!name.empty()) j[key] = name;
+  }
+  void size(const char* key, int64_t h, int64_t w) { j[key] = h == w ? json(h) : json::array({h, w}); }
+  template <typename Sub, typename Visit>
+  void section(const char* key, const Sub& sub, Visit visit) {
+    json inner = json::object();
+    Writer writer{inner};
+    visit(sub, writer);
+    j[key] = inner;
+  }
+};
+
+// config_keys(): every key's dotted path.
+struct KeyLister {
+  std::string prefix;
+  std::vector<std::string>& keys;
+  template <typename Field>
+  void operator()(const char* key, const Field&) {
+    keys.push_back(prefix + key);
+  }
+  void preset(const char* key, const std::string&) { keys.push_back(prefix + key); }
+  void size(const char* key, int64_t, int64_t) { keys.push_back(prefix + key); }
+  template <typename Sub, typename Visit>
+  void section(const char* key, const Sub& sub, Visit visit) {
+    KeyLister inner{prefix + key + ".", keys};
+    visit(sub, inner);
+  }
+};
+
+// ---- Checks of the values, after parsing ----
+
+void validate_preprocess(const Preprocess& p, const std::string& source, const std::string& section) {
+  const std::string prefix = section.empty() ? "" : section + ".";
+  check(p.crop_pct > 0 && p.crop_pct <= 1, source, prefix + "crop_pct", num(p.crop_pct) + " is out of range (0, 1]");
+  check(p.mean.size() == p.std.size(), source, prefix + "std",
+        std::to_string(p.std.size()) + " values, but mean has " + std::to_string(p.mean.size()));
+  for (double v : p.std) check(v > 0, source, prefix + "std", num(v) + " must be positive");
+}
+
+void validate_augment(const AugmentConfig& a, const std::string& source) {
   check(a.scale[0] > 0 && a.scale[0] <= a.scale[1] && a.scale[1] <= 1, source, "data.augment.scale",
         interval(a.scale) + " must satisfy 0 < low <= high <= 1");
   check(a.ratio[0] > 0 && a.ratio[0] <= a.ratio[1], source, "data.augment.ratio",
@@ -299,68 +408,20 @@ AugmentConfig parse_augment(const json& section_json, const std::string& source)
   check(a.cutmix_alpha >= 0, source, "data.augment.cutmix_alpha", num(a.cutmix_alpha) + " must be >= 0");
   check_range(a.mix_prob, 0, 1, false, source, "data.augment.mix_prob");
   check_range(a.switch_prob, 0, 1, false, source, "data.augment.switch_prob");
-  return a;
 }
 
-DataConfig parse_data(const json& section_json, const std::string& source) {
-  Section s(section_json, "data", source);
-  DataConfig d;
-  read_preprocess(s, d.preprocess);
-  s.read_choice("format", d.format, {"folder", "csv", "mnist", "fashion_mnist", "cifar10", "cifar100"});
-  s.read("root", d.root);
-  s.read("train_dir", d.train_dir);
-  s.read("val_dir", d.val_dir);
-  s.read("test_dir", d.test_dir);
-  s.read("train_csv", d.train_csv);
-  s.read("val_csv", d.val_csv);
-  s.read("test_csv", d.test_csv);
-  s.read("val_fraction", d.val_fraction);
-  s.read("train_subset", d.train_subset);
-  s.read("val_subset", d.val_subset);
-  s.read("num_workers", d.num_workers);
-  s.read("prefetch_batches", d.prefetch_batches);
-  s.read_choice("on_bad_image", d.on_bad_image, {"fail", "skip"});
-  if (const json* augment = s.take("augment")) d.augment = parse_augment(*augment, source);
-  s.finish();
+void validate_data(const DataConfig& d, const std::string& source) {
+  validate_preprocess(d.preprocess, source, "data");
+  validate_augment(d.augment, source);
   check_range(d.val_fraction, 0, 1, true, source, "data.val_fraction");
   check(d.train_subset >= 0, source, "data.train_subset", std::to_string(d.train_subset) + " must be >= 0");
   check(d.val_subset >= 0, source, "data.val_subset", std::to_string(d.val_subset) + " must be >= 0");
   check(d.num_workers >= 0, source, "data.num_workers", std::to_string(d.num_workers) + " must be >= 0");
   check(d.prefetch_batches >= 1, source, "data.prefetch_batches",
         std::to_string(d.prefetch_batches) + " must be >= 1");
-  return d;
 }
 
-TrainConfig parse_train(const json& section_json, const std::string& source) {
-  Section s(section_json, "train", source);
-  TrainConfig t;
-  s.read("epochs", t.epochs);
-  s.read("batch_size", t.batch_size);
-  s.read("accum_steps", t.accum_steps);
-  s.read("lr", t.lr);
-  s.read("min_lr", t.min_lr);
-  s.read("warmup_lr", t.warmup_lr);
-  s.read("warmup_steps", t.warmup_steps);
-  s.read("warmup_epochs", t.warmup_epochs);
-  s.read("weight_decay", t.weight_decay);
-  s.read("beta1", t.beta1);
-  s.read("beta2", t.beta2);
-  s.read("eps", t.eps);
-  s.read("clip_grad", t.clip_grad);
-  s.read("label_smoothing", t.label_smoothing);
-  s.read("ema_decay", t.ema_decay);
-  s.read("device", t.device);
-  s.read_choice("amp", t.amp, {"off", "bf16", "fp16"});
-  s.read("threads", t.threads);
-  s.read("seed", t.seed);
-  s.read("log_interval", t.log_interval);
-  s.read("checkpoint_interval", t.checkpoint_interval);
-  s.read("eval_interval", t.eval_interval);
-  s.read("max_steps", t.max_steps);
-  s.read_choice("dist_backend", t.dist_backend, {"auto", "gloo", "nccl"});
-  s.read("dist_timeout_s", t.dist_timeout_s);
-  s.read("output_root", t.output_root);
-  s.finish();
+void validate_train(const TrainConfig& t, const std::string& source) {
   auto positive = [&](int64_t v, const char* key) {
     check(v >= 1, source, std::string("train.") + key, std::to_string(v) + " must be at least 1");
   };
@@ -389,27 +450,63 @@ TrainConfig parse_train(const json& section_json, const std::string& source) {
   check_range(t.ema_decay, 0, 1, true, source, "train.ema_decay");
   check(t.device == "auto" || t.device == "cpu" || t.device.rfind("cuda", 0) == 0, source, "train.device",
         "\"" + t.device + "\" is not one of: auto, cpu, cuda, cuda:N");
+  check(t.target_top1 >= 0 && t.target_top1 <= 100, source, "train.target_top1",
+        num(t.target_top1) + " is out of range [0, 100] (0 = no target)");
   check(t.dist_timeout_s > 0, source, "train.dist_timeout_s", num(t.dist_timeout_s) + " must be positive");
-  return t;
+}
+
+// Parses one section with its visitor; the caller validates.
+template <typename Struct, typename Visit>
+void read_section(const json& object, const std::string& path, const std::string& source, Struct& out,
+                  Visit visit) {
+  Section s(object, path, source);
+  Reader reader{s};
+  visit(out, reader);
+  s.finish();
 }
 
 }  // namespace
 
-Preprocess parse_preprocess(const json& section_json, const std::string& source) {
-  Section s(section_json, "preprocess", source);
-  Preprocess p;
-  read_preprocess(s, p);
+ModelConfig parse_model_config(const json& section_json, const std::string& source) {
+  ModelConfig m;
+  if (section_json.is_object() && section_json.contains("preset")) {
+    const json& preset = section_json["preset"];
+    if (!preset.is_string()) fail(source, "model.preset", show(preset) + " is not a string");
+    try {
+      m = model_preset(preset.get<std::string>());
+    } catch (const std::invalid_argument& e) {
+      fail(source, "model.preset", e.what());
+    }
+  }
+  Section s(section_json, "model", source);
+  s.take("preset");
+  Reader reader{s};
+  visit_model(m, reader);
   s.finish();
+  validate(m, source);
+  return m;
+}
+
+Preprocess parse_preprocess(const json& section_json, const std::string& source) {
+  Preprocess p;
+  read_section(section_json, "preprocess", source, p, [](auto& x, auto& v) { visit_preprocess(x, v); });
+  validate_preprocess(p, source, "preprocess");
   return p;
 }
 
-Config parse_config(const json& doc_in, const std::string& source) {
-  const json doc = resolve_sections(doc_in, source);
+Config parse_config(const json& doc, const std::string& source) {
+  if (!doc.is_object()) fail(source, "(top level)", "a config must be a JSON object with model/data/train sections");
   Section top(doc, "", source);
   Config config;
   if (const json* model = top.take("model")) config.model = parse_model_config(*model, source);
-  if (const json* data = top.take("data")) config.data = parse_data(*data, source);
-  if (const json* train = top.take("train")) config.train = parse_train(*train, source);
+  if (const json* data = top.take("data")) {
+    read_section(*data, "data", source, config.data, [](auto& x, auto& v) { visit_data(x, v); });
+    validate_data(config.data, source);
+  }
+  if (const json* train = top.take("train")) {
+    read_section(*train, "train", source, config.train, [](auto& x, auto& v) { visit_train(x, v); });
+    validate_train(config.train, source);
+  }
   top.take("$comment");  // free-form note for humans
   top.finish();
   const auto channels = static_cast<size_t>(config.model.in_chans);
@@ -461,92 +558,41 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 }
 
 json to_json(const ModelConfig& m) {
-  json j;
-  if (!m.preset.empty()) j["preset"] = m.preset;
-  j["img_size"] = m.img_h == m.img_w ? json(m.img_h) : json::array({m.img_h, m.img_w});
-  j["patch_size"] = m.patch_size;
-  j["in_chans"] = m.in_chans;
-  j["num_classes"] = m.num_classes;
-  j["embed_dim"] = m.embed_dim;
-  j["depth"] = m.depth;
-  j["num_heads"] = m.num_heads;
-  j["mlp_ratio"] = m.mlp_ratio;
-  j["qkv_bias"] = m.qkv_bias;
-  j["class_token"] = m.class_token;
-  j["global_pool"] = m.global_pool;
-  j["drop_rate"] = m.drop_rate;
-  j["attn_drop_rate"] = m.attn_drop_rate;
-  j["proj_drop_rate"] = m.proj_drop_rate;
-  j["drop_path_rate"] = m.drop_path_rate;
-  j["init_values"] = m.init_values ? json(*m.init_values) : json(nullptr);
-  j["layer_norm_eps"] = m.layer_norm_eps;
-  j["rel_pos_bias"] = m.rel_pos_bias;
+  json j = json::object();
+  Writer writer{j};
+  visit_model(m, writer);
   return j;
 }
 
 json to_json(const Preprocess& p) {
-  return json{{"mean", p.mean}, {"std", p.std}, {"interpolation", p.interpolation}, {"crop_pct", p.crop_pct}};
+  json j = json::object();
+  Writer writer{j};
+  visit_preprocess(p, writer);
+  return j;
 }
 
 json to_json(const Config& c) {
-  const auto& a = c.data.augment;
-  json augment{{"random_resized_crop", a.random_resized_crop},
-               {"scale", a.scale},
-               {"ratio", a.ratio},
-               {"pad_crop", a.pad_crop},
-               {"hflip", a.hflip},
-               {"randaugment_ops", a.randaugment_ops},
-               {"randaugment_magnitude", a.randaugment_magnitude},
-               {"random_erasing", a.random_erasing},
-               {"mixup_alpha", a.mixup_alpha},
-               {"cutmix_alpha", a.cutmix_alpha},
-               {"mix_prob", a.mix_prob},
-               {"switch_prob", a.switch_prob}};
-  const auto& d = c.data;
-  json data = to_json(d.preprocess);
-  data.update(json{{"format", d.format},
-                   {"root", d.root},
-                   {"train_dir", d.train_dir},
-                   {"val_dir", d.val_dir},
-                   {"test_dir", d.test_dir},
-                   {"train_csv", d.train_csv},
-                   {"val_csv", d.val_csv},
-                   {"test_csv", d.test_csv},
-                   {"val_fraction", d.val_fraction},
-                   {"train_subset", d.train_subset},
-                   {"val_subset", d.val_subset},
-                   {"num_workers", d.num_workers},
-                   {"prefetch_batches", d.prefetch_batches},
-                   {"on_bad_image", d.on_bad_image},
-                   {"augment", augment}});
-  const auto& t = c.train;
-  json train{{"epochs", t.epochs},
-             {"batch_size", t.batch_size},
-             {"accum_steps", t.accum_steps},
-             {"lr", t.lr},
-             {"min_lr", t.min_lr},
-             {"warmup_lr", t.warmup_lr},
-             {"warmup_steps", t.warmup_steps},
-             {"warmup_epochs", t.warmup_epochs},
-             {"weight_decay", t.weight_decay},
-             {"beta1", t.beta1},
-             {"beta2", t.beta2},
-             {"eps", t.eps},
-             {"clip_grad", t.clip_grad},
-             {"label_smoothing", t.label_smoothing},
-             {"ema_decay", t.ema_decay},
-             {"device", t.device},
-             {"amp", t.amp},
-             {"threads", t.threads},
-             {"seed", t.seed},
-             {"log_interval", t.log_interval},
-             {"checkpoint_interval", t.checkpoint_interval},
-             {"eval_interval", t.eval_interval},
-             {"max_steps", t.max_steps},
-             {"dist_backend", t.dist_backend},
-             {"dist_timeout_s", t.dist_timeout_s},
-             {"output_root", t.output_root}};
+  json data = json::object(), train = json::object();
+  Writer data_writer{data}, train_writer{train};
+  visit_data(c.data, data_writer);
+  visit_train(c.train, train_writer);
   return json{{"model", to_json(c.model)}, {"data", data}, {"train", train}};
+}
+
+std::vector<std::string> numbered_classes(int64_t count) {
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < count; ++i) names.push_back(std::to_string(i));
+  return names;
+}
+
+std::vector<std::string> config_keys() {
+  const Config c;
+  std::vector<std::string> keys;
+  KeyLister model{"model.", keys}, data{"data.", keys}, train{"train.", keys};
+  visit_model(c.model, model);
+  visit_data(c.data, data);
+  visit_train(c.train, train);
+  return keys;
 }
 
 }  // namespace vit

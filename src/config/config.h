@@ -10,41 +10,30 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "config/enum_names.h"
+#include "config/model_config.h"
+
 namespace vit {
 
-// Architecture of a Vision Transformer; field names equal timm's constructor arguments.
-struct ModelConfig {
-  std::string preset;            // optional preset name that filled the defaults ("" = none)
-  int64_t img_h = 224;           // input height the position embedding was trained for
-  int64_t img_w = 224;           // input width
-  int64_t patch_size = 16;       // square patch side (kernel = stride of the patch embedding)
-  int64_t in_chans = 3;          // input channels (1 = grayscale, 3 = RGB, more allowed)
-  int64_t num_classes = 1000;    // classifier outputs (0 = no head, features only)
-  int64_t embed_dim = 768;       // C: token width
-  int64_t depth = 12;            // number of transformer blocks
-  int64_t num_heads = 12;        // nh: attention heads; must divide embed_dim
-  double mlp_ratio = 4.0;        // MLP hidden width = embed_dim * mlp_ratio
-  bool qkv_bias = true;          // bias on the fused qkv projection
-  bool class_token = true;       // prepend a learned class token
-  std::string global_pool = "token";  // "token" (class token) or "avg" (mean of patch tokens, with fc_norm)
-  double drop_rate = 0.0;        // dropout before the head
-  double attn_drop_rate = 0.0;   // dropout on attention probabilities
-  double proj_drop_rate = 0.0;   // dropout after attention/MLP projections
-  double drop_path_rate = 0.0;   // stochastic depth, linear from 0 to this over the blocks
-  std::optional<double> init_values;  // LayerScale initial value (absent = no LayerScale)
-  double layer_norm_eps = 1e-6;  // LayerNorm epsilon (timm's ViT uses 1e-6)
-  bool rel_pos_bias = false;     // learned 2-D relative position bias per head (added to attention logits)
-
-  int64_t grid_h() const { return img_h / patch_size; }
-  int64_t grid_w() const { return img_w / patch_size; }
-  int64_t head_dim() const { return embed_dim / num_heads; }
-};
+enum class Interpolation { bilinear, bicubic };
+VIT_ENUM_NAMES(Interpolation, "bilinear", "bicubic");
+enum class DataFormat { folder, csv, mnist, fashion_mnist, cifar10, cifar100 };
+VIT_ENUM_NAMES(DataFormat, "folder", "csv", "mnist", "fashion_mnist", "cifar10", "cifar100");
+// What a dataset image that cannot be decoded does: stop the run, or leave it out (and list it at the end).
+enum class BadImagePolicy { fail, skip };
+VIT_ENUM_NAMES(BadImagePolicy, "fail", "skip");
+// Mixed precision on CUDA: float32, bfloat16 autocast, or float16 autocast with loss scaling.
+enum class AmpMode { off, bf16, fp16 };
+VIT_ENUM_NAMES(AmpMode, "off", "bf16", "fp16");
+// The c10d backend of multi-process training; automatic: NCCL on CUDA, Gloo on the CPU.
+enum class DistBackend { automatic, gloo, nccl };
+VIT_ENUM_NAMES(DistBackend, "auto", "gloo", "nccl");
 
 // The one preprocessing shared by train (evaluation part), evaluate, predict and export-attention.
 struct Preprocess {
   std::vector<double> mean = {0.5, 0.5, 0.5};  // per channel, on [0, 1] pixels
   std::vector<double> std = {0.5, 0.5, 0.5};   // per channel
-  std::string interpolation = "bicubic";       // "bilinear" or "bicubic"
+  Interpolation interpolation = Interpolation::bicubic;  // resize filter (PIL's, as timm uses it)
   double crop_pct = 1.0;  // eval: resize shorter side to size/crop_pct, centre crop; 1.0 = plain resize
 };
 
@@ -66,7 +55,7 @@ struct AugmentConfig {
 
 struct DataConfig {
   Preprocess preprocess;        // keys mean/std/interpolation/crop_pct live directly under "data"
-  std::string format = "fashion_mnist";  // folder | csv | mnist | fashion_mnist | cifar10 | cifar100
+  DataFormat format = DataFormat::fashion_mnist;  // folder | csv | mnist | fashion_mnist | cifar10 | cifar100
   std::string root;             // dataset root (default for mnist-like: Debian's install location)
   std::string train_dir;        // folder: training root (default root/train, or root with val_fraction)
   std::string val_dir;          // folder: validation root (default root/val)
@@ -79,7 +68,7 @@ struct DataConfig {
   int64_t val_subset = 0;       // > 0: evaluate on only the first N validation samples
   int64_t num_workers = 2;      // background decode/augment threads
   int64_t prefetch_batches = 4; // bounded queue length
-  std::string on_bad_image = "fail";  // "fail" or "skip"
+  BadImagePolicy on_bad_image = BadImagePolicy::fail;  // fail | skip
   AugmentConfig augment;
 };
 
@@ -100,14 +89,15 @@ struct TrainConfig {
   double label_smoothing = 0.1; // cross-entropy smoothing
   double ema_decay = 0.0;       // EMA of weights (0 = off), e.g. 0.9998
   std::string device = "auto";  // auto | cpu | cuda
-  std::string amp = "off";      // off | bf16 | fp16 (CUDA only)
+  AmpMode amp = AmpMode::off;   // off | bf16 | fp16 (CUDA only)
   int64_t threads = 0;          // intra-op threads (0 = all cores)
   uint64_t seed = 42;           // seeds init, data order, augmentation, dropout
   int64_t log_interval = 50;    // optimiser steps between metrics.jsonl lines
   int64_t checkpoint_interval = 200;  // optimiser steps between resume states (0 = only per epoch)
   int64_t eval_interval = 1;    // epochs between evaluations
   int64_t max_steps = 0;        // > 0: stop after this many optimiser steps (tests, smoke runs)
-  std::string dist_backend = "auto";  // auto | gloo | nccl (multi-process training)
+  double target_top1 = 0.0;     // > 0: report the wall time when eval top-1 (validation split) first reaches it
+  DistBackend dist_backend = DistBackend::automatic;  // auto | gloo | nccl (multi-process training)
   double dist_timeout_s = 180;  // seconds before a missing rank is an error
   std::string output_root = "runs";  // where run directories are created
 };
@@ -118,10 +108,6 @@ struct Config {
   TrainConfig train;
 };
 
-// Names of the presets (vit_tiny_patch16_224, ...).
-std::vector<std::string> preset_names();
-// The preset's model config; throws naming the unknown preset and the known ones.
-ModelConfig model_preset(const std::string& name);
 
 // Parses a whole config document. `source` names the file (or "--set") in error messages.
 Config parse_config(const nlohmann::json& doc, const std::string& source);
@@ -130,14 +116,16 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Applies one `a.b.c=value` override; the value is JSON when it parses as JSON, else a string.
 void apply_override(nlohmann::json& doc, const std::string& assignment);
 
-// Parsers/serialisers for single sections (model files carry model + preprocess).
-ModelConfig parse_model_config(const nlohmann::json& section, const std::string& source);
+// Parsers/serialisers for the preprocessing section (model files carry it beside the model config).
 Preprocess parse_preprocess(const nlohmann::json& section, const std::string& source);
-nlohmann::json to_json(const ModelConfig& model);
 nlohmann::json to_json(const Preprocess& preprocess);
 nlohmann::json to_json(const Config& config);
 
-// Throws std::invalid_argument with the reason when the model config is inconsistent.
-void validate(const ModelConfig& model, const std::string& source);
+// Class names "0" .. "count-1", for datasets and model files that carry none.
+std::vector<std::string> numbered_classes(int64_t count);
+
+// Every key a config file may hold, as dotted paths ("model.depth", "data.augment.hflip", ...): the same list that
+// parsing and to_json are made from.
+std::vector<std::string> config_keys();
 
 }  // namespace vit

@@ -81,15 +81,9 @@ void random_erase(float* chw, int64_t channels, int64_t height, int64_t width, s
   }
 }
 
-void check_interpolation(const std::string& interpolation) {
-  if (interpolation != "bilinear" && interpolation != "bicubic") {
-    throw std::invalid_argument("unknown interpolation \"" + interpolation + "\" (expected bilinear or bicubic)");
-  }
-}
-
 struct TrainPlan {
   int64_t height, width, channels;
-  std::string interpolation;
+  Interpolation interpolation;
   AugmentConfig augment;
   Normalizer normalizer;
   RawAugment raw_augment;
@@ -184,7 +178,6 @@ double sample_beta(std::mt19937_64& rng, double a, double b) {
 }
 
 SampleTransform make_eval_transform(const DataConfig& data, const ModelConfig& model) {
-  check_interpolation(data.preprocess.interpolation);
   auto normalizer = std::make_shared<const Normalizer>(data.preprocess, model.in_chans);  // validates mean/std
   const Preprocess preprocess_config = data.preprocess;
   const int64_t height = model.img_h, width = model.img_w;
@@ -194,7 +187,6 @@ SampleTransform make_eval_transform(const DataConfig& data, const ModelConfig& m
 }
 
 SampleTransform make_train_transform(const DataConfig& data, const ModelConfig& model, RawAugment raw_augment) {
-  check_interpolation(data.preprocess.interpolation);
   const AugmentConfig& augment = data.augment;
   if (augment.random_resized_crop &&
       !(augment.scale[0] > 0 && augment.scale[0] <= augment.scale[1] && augment.ratio[0] > 0 &&

@@ -253,12 +253,6 @@ const std::vector<std::string>& fashion_mnist_names() {
   return names;
 }
 
-std::vector<std::string> number_names(int64_t count) {
-  std::vector<std::string> names;
-  for (int64_t i = 0; i < count; ++i) names.push_back(std::to_string(i));
-  return names;
-}
-
 std::shared_ptr<const Dataset> load_idx(const std::string& root, const std::string& prefix,
                                         const std::vector<std::string>& names) {
   const std::string images_path = find_raw_or_gz(root, prefix + "-images-idx3-ubyte");
@@ -514,7 +508,7 @@ std::vector<std::string> csv_classes(const std::vector<CsvRow>& rows) {
   if (integers) {
     int64_t max_label = 0;
     for (const CsvRow& row : rows) max_label = std::max<int64_t>(max_label, std::stoll(row.label));
-    return number_names(max_label + 1);
+    return numbered_classes(max_label + 1);
   }
   std::set<std::string> unique;
   for (const CsvRow& row : rows) unique.insert(row.label);
@@ -547,7 +541,7 @@ std::shared_ptr<const Dataset> csv_split(const std::string& csv_path, const std:
 
 void require_decoder(const DataConfig& config, const ImageDecoder& decoder) {
   if (!decoder) {
-    throw std::runtime_error("data.format \"" + config.format +
+    throw std::runtime_error(std::string("data.format \"") + name_of(config.format) +
                              "\" decodes image files, but this vit was built without OpenCV");
   }
 }
@@ -559,12 +553,12 @@ std::string default_root(const DataConfig& config, const std::string& fallback) 
 // The base splits before val_fraction / subsets; val or test may be null where the format has none.
 Splits open_base(const DataConfig& config, const ImageDecoder& decoder) {
   Splits splits;
-  const std::string& format = config.format;
-  if (format == "mnist" || format == "fashion_mnist") {
-    const bool fashion = format == "fashion_mnist";
+  const DataFormat format = config.format;
+  if (format == DataFormat::mnist || format == DataFormat::fashion_mnist) {
+    const bool fashion = format == DataFormat::fashion_mnist;
     const std::string root = default_root(config, fashion ? "/usr/share/datasets/fashion-mnist"
                                                           : "/usr/share/datasets/mnist");
-    const std::vector<std::string> names = fashion ? fashion_mnist_names() : number_names(10);
+    const std::vector<std::string> names = fashion ? fashion_mnist_names() : numbered_classes(10);
     if (config.root.empty() && !stdfs::is_directory(root)) {
       throw std::runtime_error(root + ": not found; install Debian's " +
                                (fashion ? std::string("dataset-fashion-mnist package") : std::string("MNIST files")) +
@@ -573,7 +567,7 @@ Splits open_base(const DataConfig& config, const ImageDecoder& decoder) {
     splits.train = load_idx(root, "train", names);
     splits.test = load_idx(root, "t10k", names);
     splits.val = splits.test;
-  } else if (format == "cifar10") {
+  } else if (format == DataFormat::cifar10) {
     if (config.root.empty()) throw std::runtime_error("data.format \"cifar10\" needs data.root");
     const std::string dir = cifar_directory(config.root, "data_batch_1.bin", "cifar-10-batches-bin");
     const std::vector<std::string> names = names_from_file_or(
@@ -586,15 +580,15 @@ Splits open_base(const DataConfig& config, const ImageDecoder& decoder) {
     splits.train = load_cifar(train_files, 1, 10, names);
     splits.test = load_cifar({(stdfs::path(dir) / "test_batch.bin").string()}, 1, 10, names);
     splits.val = splits.test;
-  } else if (format == "cifar100") {
+  } else if (format == DataFormat::cifar100) {
     if (config.root.empty()) throw std::runtime_error("data.format \"cifar100\" needs data.root");
     const std::string dir = cifar_directory(config.root, "train.bin", "cifar-100-binary");
     const std::vector<std::string> names =
-        names_from_file_or((stdfs::path(dir) / "fine_label_names.txt").string(), 100, number_names(100));
+        names_from_file_or((stdfs::path(dir) / "fine_label_names.txt").string(), 100, numbered_classes(100));
     splits.train = load_cifar({(stdfs::path(dir) / "train.bin").string()}, 2, 100, names);
     splits.test = load_cifar({(stdfs::path(dir) / "test.bin").string()}, 2, 100, names);
     splits.val = splits.test;
-  } else if (format == "folder") {
+  } else if (format == DataFormat::folder) {
     require_decoder(config, decoder);
     const std::string root = config.root;
     const auto under_root = [&](const char* name) {
@@ -632,7 +626,7 @@ Splits open_base(const DataConfig& config, const ImageDecoder& decoder) {
                                (root.empty() ? std::string("data.root is empty") : under_root("val") + " not found") +
                                "); set data.val_dir, or data.val_fraction to hold out part of the training set");
     }
-  } else if (format == "csv") {
+  } else {  // DataFormat::csv
     require_decoder(config, decoder);
     if (config.train_csv.empty()) throw std::runtime_error("data.format \"csv\" needs data.train_csv");
     const std::vector<CsvRow> train_rows = read_csv(config.train_csv);
@@ -648,9 +642,6 @@ Splits open_base(const DataConfig& config, const ImageDecoder& decoder) {
       throw std::runtime_error("data.format \"csv\" needs data.val_csv, or data.val_fraction to hold out part of "
                                "the training set");
     }
-  } else {
-    throw std::invalid_argument("unknown data.format \"" + format +
-                                "\" (expected folder, csv, mnist, fashion_mnist, cifar10 or cifar100)");
   }
   return splits;
 }

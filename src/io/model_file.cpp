@@ -12,12 +12,6 @@
 namespace vit {
 using nlohmann::json;
 
-std::vector<std::string> numbered_classes(int64_t count) {
-  std::vector<std::string> names;
-  for (int64_t i = 0; i < count; ++i) names.push_back(std::to_string(i));
-  return names;
-}
-
 std::vector<std::pair<std::string, torch::Tensor>> state_tensors(VisionTransformer& net) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const auto& item : net->named_parameters(/*recurse=*/true)) {

@@ -43,7 +43,4 @@ void load_state(VisionTransformer& net, const std::map<std::string, torch::Tenso
 // The model's tensors under timm's names, in registration order, as contiguous float32 CPU tensors.
 std::vector<std::pair<std::string, torch::Tensor>> state_tensors(VisionTransformer& net);
 
-// Default class names "0".."K-1".
-std::vector<std::string> numbered_classes(int64_t count);
-
 }  // namespace vit

@@ -24,7 +24,8 @@ std::vector<LayerCost> layer_costs(const ModelConfig& m) {
     costs.push_back({prefix + "mlp.fc1", shape(N, hidden), D * hidden + hidden, N * D * hidden});
     costs.push_back({prefix + "mlp.fc2", shape(N, D), hidden * D + D, N * hidden * D});
   }
-  costs.push_back({m.global_pool == "avg" ? "fc_norm" : "norm", shape(m.global_pool == "avg" ? 1 : N, D), 2 * D, 0});
+  const bool avg = m.global_pool == GlobalPool::avg;
+  costs.push_back({avg ? "fc_norm" : "norm", shape(avg ? 1 : N, D), 2 * D, 0});
   if (m.num_classes > 0) costs.push_back({"head", shape(1, m.num_classes), D * m.num_classes + m.num_classes, D * m.num_classes});
   return costs;
 }

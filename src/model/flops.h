@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
+#include "config/model_config.h"
 
 namespace vit {
 

@@ -250,7 +250,7 @@ VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config, Init ini
     blocks->push_back(Block(config, rate));
   }
   auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)); };
-  if (config.global_pool == "avg") {
+  if (config.global_pool == GlobalPool::avg) {
     fc_norm = register_module("fc_norm", ln());
   } else {
     norm = register_module("norm", ln());
@@ -344,7 +344,7 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
 
 torch::Tensor VisionTransformerImpl::forward_head(const torch::Tensor& tokens, bool pre_logits) {
   torch::Tensor pooled;  // (B, D)
-  if (config_.global_pool == "avg") {
+  if (config_.global_pool == GlobalPool::avg) {
     pooled = tokens.narrow(1, num_prefix_tokens(), tokens.size(1) - num_prefix_tokens()).mean(1);
   } else {
     pooled = tokens.select(1, 0);

@@ -11,7 +11,7 @@
 
 #include <torch/torch.h>
 
-#include "config/config.h"
+#include "config/model_config.h"
 
 namespace vit {
 
@@ -149,7 +149,7 @@ struct VisionTransformerImpl : torch::nn::Module {
   torch::Tensor pos_embed;  // (1, [1 +] gh*gw, D)
   torch::nn::ModuleList blocks{nullptr};
   torch::nn::LayerNorm norm{nullptr};     // final norm (token pooling)
-  torch::nn::LayerNorm fc_norm{nullptr};  // norm after average pooling (global_pool == "avg")
+  torch::nn::LayerNorm fc_norm{nullptr};  // norm after average pooling (global_pool avg)
   Linear head{nullptr};                   // absent when num_classes == 0
 
  private:

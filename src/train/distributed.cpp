@@ -267,8 +267,8 @@ std::unique_ptr<Communicator> make_communicator(const DistEnv& env, const TrainC
 std::unique_ptr<Communicator> join_process_group(const DistEnv& env, const TrainConfig& train,
                                                  const torch::Device& device) {
 #if VIT_HAVE_C10D
-  std::string backend = train.dist_backend;
-  if (backend == "auto") {
+  std::string backend = name_of(train.dist_backend);
+  if (train.dist_backend == DistBackend::automatic) {
     backend = device.is_cuda() && VIT_HAVE_NCCL ? "nccl" : "gloo";
     if (device.is_cuda() && backend == "gloo") log::warn("this vit has no NCCL: CUDA gradients are reduced by gloo");
   }
@@ -348,17 +348,6 @@ void Communicator::all_reduce_sum(std::vector<torch::Tensor>& tensors) {
   std::vector<std::unique_ptr<Pending>> pending;
   for (auto& tensor : tensors) pending.push_back(start_all_reduce_sum(tensor));
   for (auto& work : pending) work->wait();
-}
-
-void all_reduce_mean(Communicator& comm, torch::Tensor& flat, int64_t bucket_bytes) {
-  if (comm.world_size() <= 1) return;
-  const int64_t per_bucket = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(flat.element_size()));
-  std::vector<torch::Tensor> buckets;
-  for (int64_t start = 0; start < flat.numel(); start += per_bucket) {
-    buckets.push_back(flat.narrow(0, start, std::min(per_bucket, flat.numel() - start)));
-  }
-  comm.all_reduce_sum(buckets);
-  flat.div_(comm.world_size());
 }
 
 std::vector<double> sum_over_ranks(Communicator& comm, std::vector<double> values) {
