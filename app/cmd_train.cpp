@@ -44,9 +44,7 @@ int run_train(const TrainOptions& options) {
 #if VIT_WITH_OPENCV
   hooks.decoder = [](const std::string& path) { return decode_image(path); };
   hooks.make_randaugment = [](int64_t ops, double magnitude) { return make_randaugment(ops, magnitude); };
-  hooks.plot_curves = [](const std::string& path, const std::vector<EpochRecord>& history) {
-    plot_curves(path, history);
-  };
+  hooks.plot_curves = [](const std::string& path, const std::vector<CurvePanel>& panels) { plot_curves(path, panels); };
 #endif
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
@@ -61,7 +59,9 @@ int run_train(const TrainOptions& options) {
   std::printf("run directory: %s\n", result.run_dir.c_str());
   std::printf("best top-1:    %.2f%%  (final %.2f%%)\n", result.best_top1, result.final_top1);
   std::printf("wall time:     %.1f s for %lld steps\n", result.seconds, static_cast<long long>(result.steps));
-  if (result.seconds_to_90 >= 0) std::printf("time to 90%%:   %.1f s\n", result.seconds_to_90);
+  if (result.seconds_to_target >= 0) {
+    std::printf("time to %s%%:   %.1f s\n", csv_number(result.target_top1).c_str(), result.seconds_to_target);
+  }
   std::printf("best model:    %s/best.safetensors\n", result.run_dir.c_str());
   return kOk;
 }

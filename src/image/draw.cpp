@@ -17,11 +17,8 @@ namespace {
 const cv::Scalar kBlack(30, 30, 30), kGrid(225, 225, 225), kWhite(255, 255, 255);
 const cv::Scalar kBlue(200, 110, 30), kOrange(20, 130, 240), kGreen(60, 160, 60), kPurple(160, 60, 140);
 
-struct Series {
-  std::string name;
-  std::vector<double> values;  // NaN = no point
-  cv::Scalar color;
-};
+// Line colours in order: the first curve of a panel is blue, then orange, green, purple (and round again).
+const cv::Scalar kCurveColors[] = {kBlue, kOrange, kGreen, kPurple};
 
 std::string format_tick(double v) {
   char text[32];
@@ -36,8 +33,8 @@ std::string format_tick(double v) {
 }
 
 // One chart panel: axes, grid, ticks, series as lines with dots, a legend.
-void draw_panel(cv::Mat& canvas, cv::Rect area, const std::string& title, const std::vector<Series>& series,
-                int64_t epochs) {
+void draw_panel(cv::Mat& canvas, cv::Rect area, const std::string& title, const std::vector<Curve>& series,
+                const std::vector<cv::Scalar>& colors, int64_t epochs) {
   const int left = area.x + 60, right = area.x + area.width - 20, top = area.y + 40, bottom = area.y + area.height - 45;
   double lo = INFINITY, hi = -INFINITY;
   for (const auto& s : series) {
@@ -67,16 +64,18 @@ void draw_panel(cv::Mat& canvas, cv::Rect area, const std::string& title, const 
               cv::LINE_AA);
   cv::rectangle(canvas, {left, top}, {right, bottom}, kBlack, 1);
   int legend_y = top + 16;
-  for (const auto& s : series) {
+  for (size_t c = 0; c < series.size(); ++c) {
+    const Curve& s = series[c];
+    const cv::Scalar& color = colors[c];
     cv::Point previous(-1, -1);
     for (size_t i = 0; i < s.values.size(); ++i) {
       if (!std::isfinite(s.values[i])) continue;
       cv::Point point(px(static_cast<double>(i + 1)), py(s.values[i]));
-      if (previous.x >= 0) cv::line(canvas, previous, point, s.color, 2, cv::LINE_AA);
-      cv::circle(canvas, point, 3, s.color, cv::FILLED, cv::LINE_AA);
+      if (previous.x >= 0) cv::line(canvas, previous, point, color, 2, cv::LINE_AA);
+      cv::circle(canvas, point, 3, color, cv::FILLED, cv::LINE_AA);
       previous = point;
     }
-    cv::line(canvas, {right - 150, legend_y - 4}, {right - 125, legend_y - 4}, s.color, 2, cv::LINE_AA);
+    cv::line(canvas, {right - 150, legend_y - 4}, {right - 125, legend_y - 4}, color, 2, cv::LINE_AA);
     cv::putText(canvas, s.name, {right - 118, legend_y}, cv::FONT_HERSHEY_SIMPLEX, 0.45, kBlack, 1, cv::LINE_AA);
     legend_y += 18;
   }
@@ -93,19 +92,21 @@ void write_image(const std::string& path, const cv::Mat& image) {
   write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
-void plot_curves(const std::string& path, const std::vector<EpochRecord>& history) {
-  cv::Mat canvas(420, 1000, CV_8UC3, kWhite);
-  Series train_loss{"train loss", {}, kBlue}, eval_loss{"eval loss", {}, kOrange};
-  Series top1{"eval top-1 %", {}, kGreen}, top5{"eval top-5 %", {}, kPurple};
-  for (const auto& r : history) {
-    train_loss.values.push_back(r.train_loss);
-    eval_loss.values.push_back(r.eval_loss);
-    top1.values.push_back(r.eval_top1);
-    top5.values.push_back(r.eval_top5);
+void plot_curves(const std::string& path, const std::vector<CurvePanel>& panels) {
+  constexpr int kPanelWidth = 500, kHeight = 420;
+  cv::Mat canvas(kHeight, kPanelWidth * std::max<int>(1, static_cast<int>(panels.size())), CV_8UC3, kWhite);
+  int64_t epochs = 0;
+  for (const auto& panel : panels) {
+    for (const auto& curve : panel.curves) epochs = std::max<int64_t>(epochs, static_cast<int64_t>(curve.values.size()));
   }
-  const auto epochs = static_cast<int64_t>(history.size());
-  draw_panel(canvas, {0, 0, 500, 420}, "loss", {train_loss, eval_loss}, epochs);
-  draw_panel(canvas, {500, 0, 500, 420}, "accuracy", {top1, top5}, epochs);
+  // Colours continue across panels, so every curve of the picture has its own.
+  size_t next_color = 0;
+  for (size_t p = 0; p < panels.size(); ++p) {
+    std::vector<cv::Scalar> colors;
+    for (size_t c = 0; c < panels[p].curves.size(); ++c) colors.push_back(kCurveColors[next_color++ % 4]);
+    draw_panel(canvas, {static_cast<int>(p) * kPanelWidth, 0, kPanelWidth, kHeight}, panels[p].title,
+               panels[p].curves, colors, epochs);
+  }
   write_image(path, canvas);
 }
 

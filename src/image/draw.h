@@ -9,12 +9,12 @@
 #include <torch/types.h>
 
 #include "data/image.h"
-#include "train/trainer.h"
+#include "util/curves.h"
 
 namespace vit {
 
-// curves.png: training/eval loss and eval top-1/top-5 per epoch, two panels with axes and a legend.
-void plot_curves(const std::string& path, const std::vector<EpochRecord>& history);
+// curves.png: panels side by side (500x420 each), each with axes, epochs 1..N on x and a legend.
+void plot_curves(const std::string& path, const std::vector<CurvePanel>& panels);
 
 // confusion.png: row-normalised confusion matrix (rows = true class) with class names and counts.
 void plot_confusion(const std::string& path, const torch::Tensor& confusion, const std::vector<std::string>& names);

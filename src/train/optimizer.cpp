@@ -117,4 +117,17 @@ void FlatAdamW::load_state(const std::vector<std::pair<std::string, torch::Tenso
   }
 }
 
+ScopedWeights::ScopedWeights(torch::Tensor& params, const torch::Tensor& weights) : params_(params) {
+  if (weights.data_ptr() == params.data_ptr()) return;
+  torch::NoGradGuard no_grad;
+  backup_ = params.clone();
+  params.copy_(weights);
+}
+
+ScopedWeights::~ScopedWeights() {
+  if (!backup_.defined()) return;
+  torch::NoGradGuard no_grad;
+  params_.copy_(backup_);
+}
+
 }  // namespace vit

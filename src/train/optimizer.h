@@ -46,4 +46,19 @@ class FlatAdamW {
   double beta1_, beta2_, eps_, weight_decay_;
 };
 
+// Puts `weights` (a flat buffer shaped like params(): the EMA, say) into the live parameters for the lifetime of the
+// scope, and the live values back at its end, so the model can be evaluated or saved with them. A no-op when
+// `weights` is the parameter buffer itself.
+class ScopedWeights {
+ public:
+  ScopedWeights(torch::Tensor& params, const torch::Tensor& weights);
+  ~ScopedWeights();
+  ScopedWeights(const ScopedWeights&) = delete;
+  ScopedWeights& operator=(const ScopedWeights&) = delete;
+
+ private:
+  torch::Tensor& params_;
+  torch::Tensor backup_;  // undefined when nothing was swapped
+};
+
 }  // namespace vit

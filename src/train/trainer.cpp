@@ -1,36 +1,35 @@
-// The training loop and its run directory. Everything that decides the next update (weights, AdamW moments, step,
-// schedule position, data order position, RNG, EMA) is saved in state.safetensors, so --resume continues bit-exactly.
+// The training loop. train() reads as the loop itself; the Training class below holds what it works on and names
+// each step (set-up, one optimiser step, its log line, the end of an epoch, the resume state). Everything that
+// decides the next update is in state.safetensors (run_state.h), so --resume continues bit-exactly.
 #include "train/trainer.h"
 
-#include <torch/version.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
-#include <filesystem>
-#include <fstream>
-#include <iomanip>
-#include <sstream>
+#include <map>
+#include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "data/loader.h"
 #include "io/model_file.h"
-#include "io/safetensors.h"
 #include "train/amp.h"
 #include "train/distributed.h"
 #include "train/evaluate.h"
+#include "train/loss_scaler.h"
+#include "train/optimizer.h"
+#include "train/run_dir.h"
+#include "train/run_state.h"
 #include "train/schedule.h"
-#include "util/fs.h"
 #include "util/log.h"
 #include "util/runtime.h"
 
 namespace vit {
 using nlohmann::json;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -39,127 +38,6 @@ std::atomic<bool> stop_flag{false};
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::string timestamp() {
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y%m%d-%H%M%S", &local);
-  return text;
-}
-
-// Progress of the run that is not in the tensors: saved as JSON in the state file's metadata.
-struct RunState {
-  int64_t epoch = 0;          // current epoch, 0-based
-  int64_t step_in_epoch = 0;  // optimiser steps done in the current epoch
-  int64_t global_step = 0;    // optimiser steps done in all
-  double epoch_loss_sum = 0.0;
-  int64_t epoch_loss_count = 0;
-  double epoch_seconds = 0.0;
-  int64_t epoch_images = 0;
-  double best_top1 = -1.0;
-  double elapsed_seconds = 0.0;  // wall time of the run before this process
-  double seconds_to_90 = -1.0;
-  uint64_t metrics_bytes = 0;    // metrics.jsonl is cut back to this length on resume
-  double loss_scale = 65536.0;   // fp16 dynamic loss scale
-  int64_t good_steps = 0;        // fp16 steps since the scale last changed
-  std::vector<EpochRecord> history;
-};
-
-json record_json(const EpochRecord& r) {
-  return {{"epoch", r.epoch},         {"train_loss", r.train_loss}, {"eval_loss", r.eval_loss},
-          {"eval_top1", r.eval_top1}, {"eval_top5", r.eval_top5},   {"lr", r.lr},
-          {"epoch_seconds", r.epoch_seconds}, {"img_per_s", r.img_per_s}};
-}
-
-double number_or_nan(const json& j, const char* key) {
-  const auto& v = j.at(key);
-  return v.is_number() ? v.get<double>() : std::nan("");
-}
-
-EpochRecord record_from_json(const json& j) {
-  EpochRecord r;
-  r.epoch = j.at("epoch").get<int64_t>();
-  r.train_loss = number_or_nan(j, "train_loss");
-  r.eval_loss = number_or_nan(j, "eval_loss");
-  r.eval_top1 = number_or_nan(j, "eval_top1");
-  r.eval_top5 = number_or_nan(j, "eval_top5");
-  r.lr = number_or_nan(j, "lr");
-  r.epoch_seconds = number_or_nan(j, "epoch_seconds");
-  r.img_per_s = number_or_nan(j, "img_per_s");
-  return r;
-}
-
-json state_json(const RunState& s) {
-  json history = json::array();
-  for (const auto& r : s.history) history.push_back(record_json(r));
-  return {{"epoch", s.epoch},
-          {"step_in_epoch", s.step_in_epoch},
-          {"global_step", s.global_step},
-          {"epoch_loss_sum", s.epoch_loss_sum},
-          {"epoch_loss_count", s.epoch_loss_count},
-          {"epoch_seconds", s.epoch_seconds},
-          {"epoch_images", s.epoch_images},
-          {"best_top1", s.best_top1},
-          {"elapsed_seconds", s.elapsed_seconds},
-          {"seconds_to_90", s.seconds_to_90},
-          {"metrics_bytes", s.metrics_bytes},
-          {"loss_scale", s.loss_scale},
-          {"good_steps", s.good_steps},
-          {"history", history}};
-}
-
-RunState state_from_json(const json& j) {
-  RunState s;
-  s.epoch = j.at("epoch").get<int64_t>();
-  s.step_in_epoch = j.at("step_in_epoch").get<int64_t>();
-  s.global_step = j.at("global_step").get<int64_t>();
-  s.epoch_loss_sum = j.at("epoch_loss_sum").get<double>();
-  s.epoch_loss_count = j.at("epoch_loss_count").get<int64_t>();
-  s.epoch_seconds = j.at("epoch_seconds").get<double>();
-  s.epoch_images = j.at("epoch_images").get<int64_t>();
-  s.best_top1 = j.at("best_top1").get<double>();
-  s.elapsed_seconds = j.at("elapsed_seconds").get<double>();
-  s.seconds_to_90 = j.at("seconds_to_90").get<double>();
-  s.metrics_bytes = j.at("metrics_bytes").get<uint64_t>();
-  s.loss_scale = j.at("loss_scale").get<double>();
-  s.good_steps = j.at("good_steps").get<int64_t>();
-  for (const auto& r : j.at("history")) s.history.push_back(record_from_json(r));
-  return s;
-}
-
-std::string csv_number(double v) {
-  if (!std::isfinite(v)) return "";
-  std::ostringstream s;
-  s << std::setprecision(8) << v;
-  return s.str();
-}
-
-void write_summary_csv(const std::string& path, const std::vector<EpochRecord>& history) {
-  std::string text = "epoch,train_loss,eval_loss,eval_top1,eval_top5,lr,epoch_seconds,img_per_s\n";
-  for (const auto& r : history) {
-    text += std::to_string(r.epoch) + "," + csv_number(r.train_loss) + "," + csv_number(r.eval_loss) + "," +
-            csv_number(r.eval_top1) + "," + csv_number(r.eval_top5) + "," + csv_number(r.lr) + "," +
-            csv_number(r.epoch_seconds) + "," + csv_number(r.img_per_s) + "\n";
-  }
-  write_file_atomic(path, text);
-}
-
-// <root>/latest -> the run directory, replaced atomically (a temporary link renamed over the old one).
-void point_latest(const std::string& output_root, const std::string& run_dir) {
-  std::error_code error;
-  fs::create_directories(output_root, error);
-  fs::path target = fs::absolute(run_dir, error);
-  const fs::path root = fs::absolute(output_root, error);
-  if (target.parent_path() == root) target = target.filename();  // relative: the runs folder can move
-  const fs::path link = root / "latest";
-  const fs::path temporary = root / (".latest.tmp." + std::to_string(::getpid()));
-  fs::remove(temporary, error);
-  fs::create_directory_symlink(target, temporary, error);
-  if (!error) fs::rename(temporary, link, error);
-  if (error) log::warn("could not point " + link.string() + " at " + run_dir + ": " + error.message());
 }
 
 class Progress {
@@ -187,6 +65,442 @@ class Progress {
   bool tty_;
 };
 
+// The config a run trains with: the request's, or for --resume the run's own config.json.
+Config run_config(const TrainRequest& request) {
+  if (request.resume_dir.empty()) return request.config;
+  log::info("resuming " + request.resume_dir + " with its own config.json");
+  return load_config(request.resume_dir + "/config.json");
+}
+
+torch::Device training_device(const TrainConfig& tc, const DistEnv& env) {
+  torch::Device device = resolve_device(tc.device);
+  if (device.is_cuda() && env.world_size > 1) device = torch::Device(torch::kCUDA, env.local_rank);
+  if (tc.amp != AmpMode::off && !device.is_cuda()) {
+    log::warn(std::string("train.amp=") + name_of(tc.amp) + " needs CUDA; training in float32 on " + device.str());
+  }
+  return device;
+}
+
+// What one optimiser step reports.
+struct StepResult {
+  double loss = 0.0;       // mean over micro-batches and ranks
+  double lr = 0.0;
+  double grad_norm = 0.0;  // before clipping
+  double seconds = 0.0;
+  bool stop = false;       // some rank was asked to stop: every rank stops after this step
+};
+
+class Training {
+ public:
+  Training(const TrainRequest& request, const TrainHooks& hooks);
+
+  bool epochs_left() const { return rs_.epoch < tc_.epochs && !reached_max_; }
+  bool steps_left_in_epoch() const;
+  void start_epoch();
+  StepResult step();
+  void after_step(const StepResult& step);  // progress bar, metrics line, periodic resume state; throws to stop
+  void end_epoch();                          // evaluate, model files, history, resume state, summary
+  TrainResult finish();
+
+ private:
+  void load_resume_state(const std::string& path);
+  void save_state();
+  void save_model_file(const std::string& name, const torch::Tensor& weights);
+  EvalResult evaluate_weights(const torch::Tensor& weights);
+  [[noreturn]] void diverged(const std::string& what, const std::string& where = "") const;
+
+  const Clock::time_point run_start_ = Clock::now();
+  Config config_;
+  const TrainConfig& tc_ = config_.train;
+  const DistEnv env_;
+  torch::Device device_;
+  std::unique_ptr<Communicator> comm_;
+  bool amp_, fp16_;
+  Splits splits_;
+  std::vector<std::string> class_names_;
+  int64_t num_classes_;
+  std::optional<Loader> train_loader_, eval_loader_;
+  int64_t steps_per_epoch_ = 0, images_per_step_ = 0;
+  std::optional<Schedule> schedule_;
+  VisionTransformer net_{nullptr};
+  std::vector<std::pair<std::string, torch::Tensor>> named_parameters_;
+  std::optional<FlatAdamW> optimizer_;
+  std::optional<GradientReducer> reducer_;
+  torch::Tensor ema_;  // flat EMA of the parameters (undefined when train.ema_decay is 0)
+  LossScaler scaler_;
+  RunState rs_;
+  std::optional<RunDirectory> dir_;
+  std::map<std::string, std::string> model_metadata_;
+  std::function<void(const std::string&, const std::vector<CurvePanel>&)> plot_curves_;
+  Progress progress_;
+  bool reached_max_ = false;
+  double last_top1_ = std::nan("");
+  double last_lr_ = 0.0;
+  // The current log interval.
+  Clock::time_point interval_start_;
+  int64_t interval_images_ = 0;
+  double interval_comm_s_ = 0.0;  // waiting for the gradient all-reduce after backward (what overlap left over)
+};
+
+Training::Training(const TrainRequest& request, const TrainHooks& hooks)
+    : config_(run_config(request)),
+      env_(dist_env_from_environment()),
+      device_((configure_threads(static_cast<int>(config_.train.threads)), training_device(config_.train, env_))),
+      comm_(make_communicator(env_, tc_, device_)),
+      amp_(tc_.amp != AmpMode::off && device_.is_cuda()),
+      fp16_(amp_ && tc_.amp == AmpMode::fp16),
+      splits_(open_datasets(config_.data, tc_.seed, hooks.decoder)),
+      class_names_(splits_.train->class_names()),
+      num_classes_(static_cast<int64_t>(class_names_.size())),
+      scaler_(fp16_),
+      plot_curves_(hooks.plot_curves) {
+  const bool resuming = !request.resume_dir.empty();
+  if (env_.world_size > 1) log::set_prefix("[rank " + std::to_string(env_.rank) + "] ");
+  if (config_.model.num_classes != num_classes_) {
+    log::info("model.num_classes " + std::to_string(config_.model.num_classes) + " -> " +
+              std::to_string(num_classes_) + " (the dataset's classes)");
+    config_.model.num_classes = num_classes_;
+  }
+
+  // ---- data ----
+  RawAugment raw_augment;
+  const auto& augment = config_.data.augment;
+  if (augment.randaugment_ops > 0) {
+    if (!hooks.make_randaugment) throw std::invalid_argument("data.augment.randaugment_ops needs a build with OpenCV");
+    raw_augment = hooks.make_randaugment(augment.randaugment_ops, augment.randaugment_magnitude);
+  }
+  LoaderOptions train_options;
+  train_options.batch_size = tc_.batch_size;
+  train_options.shuffle = true;
+  train_options.drop_last = true;
+  train_options.seed = tc_.seed;
+  train_options.num_workers = config_.data.num_workers;
+  train_options.prefetch = config_.data.prefetch_batches;
+  train_options.rank = env_.rank;
+  train_options.world_size = env_.world_size;
+  train_options.skip_bad_images = config_.data.on_bad_image == BadImagePolicy::skip;
+  train_options.pin_memory = device_.is_cuda();
+  train_loader_.emplace(splits_.train, make_train_transform(config_.data, config_.model, raw_augment), train_options,
+                        make_mix_transform(augment, num_classes_, tc_.label_smoothing));
+  LoaderOptions eval_options = train_options;
+  eval_options.shuffle = false;
+  eval_options.drop_last = false;
+  eval_loader_.emplace(splits_.val, make_eval_transform(config_.data, config_.model), eval_options);
+  steps_per_epoch_ = train_loader_->batches_per_epoch() / tc_.accum_steps;
+  if (steps_per_epoch_ < 1) {
+    throw std::invalid_argument("train.batch_size " + std::to_string(tc_.batch_size) + " x accum_steps " +
+                                std::to_string(tc_.accum_steps) + " x ranks " + std::to_string(env_.world_size) +
+                                " is larger than the training set (" + std::to_string(splits_.train->size()) +
+                                " samples)");
+  }
+  images_per_step_ = tc_.batch_size * tc_.accum_steps * env_.world_size;
+  schedule_.emplace(make_schedule(tc_, steps_per_epoch_));
+
+  // ---- model and optimiser ----
+  torch::manual_seed(tc_.seed);
+  net_ = VisionTransformer(config_.model);
+  if (!request.init_from.empty() && !resuming) {
+    for (const auto& note : load_for_finetune(request.init_from, net_)) log::info(request.init_from + ": " + note);
+  }
+  net_->to(device_);
+  for (const auto& item : net_->named_parameters()) named_parameters_.emplace_back(item.key(), item.value());
+  optimizer_.emplace(named_parameters_, tc_);
+  // Averages gradients over ranks, each bucket's all-reduce overlapping the rest of backward (no-op for one rank).
+  reducer_.emplace(*comm_, optimizer_->grads(), optimizer_->named(), named_parameters_);
+  {
+    std::vector<torch::Tensor> params{optimizer_->params()};
+    comm_->broadcast(params, 0);  // identical start on every rank
+  }
+  if (tc_.ema_decay > 0) ema_ = optimizer_->params().detach().clone();
+  torch::manual_seed(mix_seed({tc_.seed, 0x64726f70ULL, static_cast<uint64_t>(env_.rank)}));  // dropout stream
+
+  // ---- run directory and resume state ----
+  std::string run_dir = resuming ? request.resume_dir : request.out_dir;
+  if (run_dir.empty()) run_dir = tc_.output_root + "/" + new_run_name(request.config_name);
+  if (resuming) load_resume_state(run_dir + "/state.safetensors");
+  dir_.emplace(run_dir, comm_->is_main(), config_,
+               resuming ? std::optional<uint64_t>(rs_.metrics_bytes) : std::nullopt);
+  model_metadata_ = {{"class_source", name_of(config_.data.format)}};
+  reached_max_ = tc_.max_steps > 0 && rs_.global_step >= tc_.max_steps;
+
+  log::info("training " + std::to_string(count_parameters(*net_)) + " parameters on " + device_.str() + " for " +
+            std::to_string(tc_.epochs) + " epochs x " + std::to_string(steps_per_epoch_) + " steps (batch " +
+            std::to_string(tc_.batch_size) + " x accum " + std::to_string(tc_.accum_steps) + " x ranks " +
+            std::to_string(env_.world_size) + "), " + std::to_string(splits_.train->size()) + " train / " +
+            std::to_string(splits_.val->size()) + " val samples");
+  net_->train();
+}
+
+void Training::load_resume_state(const std::string& path) {
+  const SavedRun saved = read_run_state(path);
+  torch::NoGradGuard no_grad;
+  auto params = saved.tensor("params");
+  if (params.numel() != optimizer_->params().numel()) {
+    throw std::runtime_error(path + ": " + std::to_string(params.numel()) + " parameters saved, the model has " +
+                             std::to_string(optimizer_->params().numel()));
+  }
+  optimizer_->params().copy_(params);
+  optimizer_->load_state({{"optimizer.exp_avg", saved.tensor("optimizer.exp_avg")},
+                          {"optimizer.exp_avg_sq", saved.tensor("optimizer.exp_avg_sq")},
+                          {"optimizer.steps", saved.tensor("optimizer.steps")}});
+  if (ema_.defined()) ema_.copy_(saved.tensor("ema"));
+  // The position in the epoch counts per-rank batches and each rank has its own RNG stream: same world size only.
+  if (saved.world_size != env_.world_size) {
+    throw std::invalid_argument(path + " was saved by " + std::to_string(saved.world_size) + " rank(s); resume it " +
+                                "with WORLD_SIZE=" + std::to_string(saved.world_size) + ", not " +
+                                std::to_string(env_.world_size));
+  }
+  set_rng_state(saved.tensor("rng.cpu.rank" + std::to_string(env_.rank)));
+  rs_ = saved.state;
+  scaler_.restore(rs_.loss_scale, rs_.good_steps);
+  log::info("resumed at epoch " + std::to_string(rs_.epoch + 1) + ", step " + std::to_string(rs_.global_step));
+}
+
+void Training::save_state() {
+  safetensors::NamedTensors tensors{{"params", optimizer_->params().detach().cpu()}};
+  for (auto& [name, t] : optimizer_->state()) tensors.emplace_back(name, t.cpu());
+  if (ema_.defined()) tensors.emplace_back("ema", ema_.cpu());
+  // Every rank's dropout stream; each rank restores its own.
+  const torch::Tensor own = rng_state();
+  if (env_.world_size > 1) {
+    auto all = torch::zeros({env_.world_size, own.numel()}, torch::kUInt8).to(torch::kFloat64);
+    all[env_.rank].copy_(own.to(torch::kFloat64));
+    std::vector<torch::Tensor> gathered{all};
+    comm_->all_reduce_sum(gathered);
+    for (int r = 0; r < env_.world_size; ++r) {
+      tensors.emplace_back("rng.cpu.rank" + std::to_string(r), gathered[0][r].to(torch::kUInt8).contiguous());
+    }
+  } else {
+    tensors.emplace_back("rng.cpu.rank0", own);
+  }
+  if (!dir_->writer()) return;
+  RunState saved = rs_;
+  saved.metrics_bytes = dir_->metrics_bytes();
+  saved.elapsed_seconds = rs_.elapsed_seconds + seconds_since(run_start_);
+  saved.loss_scale = scaler_.raw_scale();
+  saved.good_steps = scaler_.good_steps();
+  write_run_state(dir_->file("state.safetensors"), tensors, saved, env_.world_size);
+  rs_.metrics_bytes = saved.metrics_bytes;
+}
+
+void Training::save_model_file(const std::string& name, const torch::Tensor& weights) {
+  if (!dir_->writer()) return;
+  torch::NoGradGuard no_grad;
+  ScopedWeights swap(optimizer_->params(), weights);
+  save_model(dir_->file(name), net_, config_.data.preprocess, class_names_, model_metadata_);
+}
+
+EvalResult Training::evaluate_weights(const torch::Tensor& weights) {
+  torch::NoGradGuard no_grad;
+  ScopedWeights swap(optimizer_->params(), weights);
+  return evaluate(net_, *eval_loader_, num_classes_, device_, comm_.get());
+}
+
+void Training::diverged(const std::string& what, const std::string& where) const {
+  throw std::runtime_error("training diverged: " + what + " at step " + std::to_string(rs_.global_step + 1) +
+                           " (epoch " + std::to_string(rs_.epoch + 1) + ")" + where + "; the last good checkpoint in " +
+                           dir_->path() + " is untouched (try a lower train.lr or train.clip_grad)");
+}
+
+bool Training::steps_left_in_epoch() const { return rs_.step_in_epoch < steps_per_epoch_ && !reached_max_; }
+
+void Training::start_epoch() {
+  train_loader_->start_epoch(rs_.epoch, rs_.step_in_epoch * tc_.accum_steps);
+  interval_start_ = Clock::now();
+  interval_images_ = 0;
+  interval_comm_s_ = 0.0;
+  last_lr_ = schedule_->lr_at(rs_.global_step);
+}
+
+StepResult Training::step() {
+  const auto step_start = Clock::now();
+  StepResult result;
+  optimizer_->zero_grad();
+  double bad_loss = 0.0;  // this rank's first non-finite loss of the step (0 = none)
+  for (int64_t micro = 0; micro < tc_.accum_steps; ++micro) {
+    auto batch = train_loader_->next();
+    if (!batch) throw std::runtime_error("data loader ended early in epoch " + std::to_string(rs_.epoch + 1));
+    auto images = batch->images.to(device_, /*non_blocking=*/true);
+    auto labels = batch->labels.to(device_, /*non_blocking=*/true);
+    auto soft = batch->soft_targets.defined() ? batch->soft_targets.to(device_, true) : torch::Tensor();
+    torch::Tensor loss;
+    {
+      AutocastScope autocast(amp_, fp16_ ? at::kHalf : at::kBFloat16);
+      loss = classification_loss(net_->forward(images), labels, soft, tc_.label_smoothing);
+    }
+    const double value = loss.item<double>();
+    if (!std::isfinite(value) && bad_loss == 0.0) bad_loss = value;
+    if (bad_loss != 0.0 && env_.world_size == 1) break;
+    result.loss += value / static_cast<double>(tc_.accum_steps);
+    if (micro + 1 == tc_.accum_steps) reducer_->arm();  // this backward completes the step's gradients
+    (loss * (scaler_.scale() / static_cast<double>(tc_.accum_steps))).backward();
+  }
+  const auto comm_start = Clock::now();
+  reducer_->finish();
+  interval_comm_s_ += seconds_since(comm_start);
+  // One small all-reduce: the loss over all ranks (what one process with the global batch would log), and whether
+  // any rank was asked to stop (a signal may reach one rank only), so that all stop after this step. A rank whose
+  // loss is not finite still ran its backward (its peers' all-reduce needs its gradients), and says so here: every
+  // rank then stops with the cause, not only the rank that saw it.
+  const auto shared =
+      sum_over_ranks(*comm_, {result.loss, stop_requested() ? 1.0 : 0.0, bad_loss != 0.0 ? 1.0 : 0.0});
+  result.loss = shared[0] / env_.world_size;
+  result.stop = shared[1] > 0.0;
+  if (shared[2] > 0.0) {
+    std::string where;
+    if (env_.world_size > 1) {
+      where = " on " + std::to_string(static_cast<int64_t>(shared[2])) + " of " + std::to_string(env_.world_size) +
+              " ranks" + (bad_loss != 0.0 ? " (this one included)" : "");
+    }
+    diverged("loss is " + std::to_string(bad_loss != 0.0 ? bad_loss : result.loss), where);
+  }
+  if (scaler_.enabled()) optimizer_->grads().div_(scaler_.scale());
+  result.grad_norm = optimizer_->clip_grad_norm(tc_.clip_grad);
+  result.lr = schedule_->lr_at(rs_.global_step);
+  if (!std::isfinite(result.grad_norm) && !scaler_.enabled()) {
+    diverged("gradient norm is " + std::to_string(result.grad_norm));
+  }
+  if (scaler_.update(std::isfinite(result.grad_norm))) {  // an fp16 overflow skips the update
+    optimizer_->step(result.lr);
+    if (ema_.defined()) {
+      torch::NoGradGuard no_grad;
+      ema_.mul_(tc_.ema_decay).add_(optimizer_->params(), 1.0 - tc_.ema_decay);
+    }
+  }
+  last_lr_ = result.lr;
+  ++rs_.global_step;
+  // train.max_steps ends the epoch here and is its last (an epoch that would start after it is not recorded).
+  if (tc_.max_steps > 0 && rs_.global_step >= tc_.max_steps) reached_max_ = true;
+  ++rs_.step_in_epoch;
+  rs_.epoch_loss_sum += result.loss;
+  ++rs_.epoch_loss_count;
+  rs_.epoch_images += images_per_step_;
+  interval_images_ += images_per_step_;
+  result.seconds = seconds_since(step_start);
+  rs_.epoch_seconds += result.seconds;
+  return result;
+}
+
+void Training::after_step(const StepResult& step) {
+  const bool main_rank = dir_->writer();
+  const double img_s = rs_.epoch_seconds > 0 ? rs_.epoch_images / rs_.epoch_seconds : 0.0;
+  const double eta = img_s > 0 ? (steps_per_epoch_ - rs_.step_in_epoch) * images_per_step_ / img_s : 0.0;
+  if (main_rank) {
+    progress_.update(rs_.epoch + 1, tc_.epochs, rs_.step_in_epoch, steps_per_epoch_, step.loss, step.lr, img_s, eta);
+  }
+  if (rs_.global_step % tc_.log_interval == 0 && main_rank) {
+    const double interval_s = seconds_since(interval_start_);
+    json line{{"step", rs_.global_step},  {"epoch", rs_.epoch + 1},
+              {"loss", step.loss},        {"lr", step.lr},
+              {"grad_norm", step.grad_norm}, {"img_per_s", interval_images_ / interval_s},
+              {"time_s", rs_.elapsed_seconds + seconds_since(run_start_)}};
+    if (scaler_.enabled()) line["loss_scale"] = scaler_.scale();
+    if (env_.world_size > 1) line["comm_ms"] = 1000.0 * interval_comm_s_ * images_per_step_ / interval_images_;
+    dir_->append_metrics(line);
+    if (!progress_.tty()) {
+      char text[200];
+      std::snprintf(text, sizeof text, "epoch %lld step %lld/%lld loss %.4f lr %.3e grad_norm %.3f %.0f img/s",
+                    static_cast<long long>(rs_.epoch + 1), static_cast<long long>(rs_.step_in_epoch),
+                    static_cast<long long>(steps_per_epoch_), step.loss, step.lr, step.grad_norm,
+                    interval_images_ / interval_s);
+      log::info(text);
+    }
+    interval_start_ = Clock::now();
+    interval_images_ = 0;
+    interval_comm_s_ = 0.0;
+  }
+  if (tc_.checkpoint_interval > 0 && rs_.global_step % tc_.checkpoint_interval == 0 &&
+      rs_.step_in_epoch < steps_per_epoch_) {
+    save_state();
+  }
+  if (step.stop) {
+    save_state();
+    progress_.end_line();
+    throw TrainingInterrupted("stopped at step " + std::to_string(rs_.global_step) +
+                              "; continue with: vit train --resume " + dir_->path());
+  }
+}
+
+void Training::end_epoch() {
+  if (dir_->writer()) progress_.end_line();
+  EpochRecord record;
+  record.epoch = rs_.epoch + 1;
+  record.train_loss = rs_.epoch_loss_count ? rs_.epoch_loss_sum / rs_.epoch_loss_count : std::nan("");
+  record.lr = last_lr_;
+  record.epoch_seconds = rs_.epoch_seconds;
+  record.img_per_s = rs_.epoch_seconds > 0 ? rs_.epoch_images / rs_.epoch_seconds : 0.0;
+  record.eval_loss = record.eval_top1 = record.eval_top5 = std::nan("");
+  const bool last_epoch = rs_.epoch + 1 == tc_.epochs || reached_max_;
+  if ((rs_.epoch + 1) % tc_.eval_interval == 0 || last_epoch) {
+    const EvalResult result = evaluate_weights(optimizer_->params());
+    record.eval_loss = result.loss, record.eval_top1 = result.top1, record.eval_top5 = result.top5;
+    last_top1_ = result.top1;
+    std::string message = "epoch " + std::to_string(record.epoch) + ": train_loss " + csv_number(record.train_loss) +
+                          ", eval_loss " + csv_number(result.loss) + ", top-1 " + csv_number(result.top1) +
+                          "%, top-5 " + csv_number(result.top5) + "%, " +
+                          std::to_string(static_cast<int64_t>(record.img_per_s)) + " img/s";
+    bool best_is_ema = false;
+    EvalResult ema_result;
+    if (ema_.defined()) {
+      ema_result = evaluate_weights(ema_);
+      message += "; EMA top-1 " + csv_number(ema_result.top1) + "%";
+      save_model_file("ema.safetensors", ema_);
+      best_is_ema = ema_result.top1 > result.top1;
+    }
+    log::info(message);
+    const double top1 = best_is_ema ? ema_result.top1 : result.top1;
+    if (top1 > rs_.best_top1) {
+      rs_.best_top1 = top1;
+      model_metadata_["best_epoch"] = std::to_string(record.epoch);
+      model_metadata_["best_top1"] = csv_number(top1);
+      model_metadata_["weights"] = best_is_ema ? "ema" : "model";
+      save_model_file("best.safetensors", best_is_ema ? ema_ : optimizer_->params());
+    }
+    if (tc_.target_top1 > 0 && rs_.seconds_to_target < 0 && top1 >= tc_.target_top1) {
+      rs_.seconds_to_target = rs_.elapsed_seconds + seconds_since(run_start_);
+      log::info("reached " + csv_number(tc_.target_top1) + "% top-1 after " + csv_number(rs_.seconds_to_target) +
+                " s");
+    }
+  }
+  model_metadata_.erase("best_epoch");
+  model_metadata_.erase("best_top1");
+  model_metadata_["weights"] = "model";
+  model_metadata_["epoch"] = std::to_string(record.epoch);
+  save_model_file("last.safetensors", optimizer_->params());
+  model_metadata_.erase("epoch");
+  rs_.history.push_back(record);
+  rs_.step_in_epoch = 0;
+  rs_.epoch_loss_sum = 0.0;
+  rs_.epoch_loss_count = 0;
+  rs_.epoch_seconds = 0.0;
+  rs_.epoch_images = 0;
+  // The state says "epoch done" only after the model files exist, so a kill in between redoes the epoch end.
+  ++rs_.epoch;
+  save_state();
+  dir_->write_summary(rs_.history);
+  if (dir_->writer() && plot_curves_) plot_curves_(dir_->file("curves.png"), history_curves(rs_.history));
+}
+
+TrainResult Training::finish() {
+  const auto bad = train_loader_->bad_images();
+  if (!bad.empty()) {
+    log::warn(std::to_string(bad.size()) + " bad images were skipped:");
+    for (const auto& b : bad) log::warn("  " + b);
+  }
+  comm_->barrier();
+  TrainResult result;
+  result.run_dir = dir_->path();
+  result.steps = rs_.global_step;
+  result.best_top1 = rs_.best_top1;
+  result.final_top1 =
+      std::isfinite(last_top1_) ? last_top1_ : (rs_.history.empty() ? 0.0 : rs_.history.back().eval_top1);
+  result.seconds = rs_.elapsed_seconds + seconds_since(run_start_);
+  result.target_top1 = tc_.target_top1;
+  result.seconds_to_target = rs_.seconds_to_target;
+  result.history = rs_.history;
+  return result;
+}
+
 }  // namespace
 
 void request_stop() { stop_flag.store(true); }
@@ -213,405 +527,13 @@ torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tens
 }
 
 TrainResult train(const TrainRequest& request, const TrainHooks& hooks) {
-  const auto run_start = Clock::now();
-  Config config = request.config;
-  auto& tc = config.train;
-  const bool resuming = !request.resume_dir.empty();
-  if (resuming) {
-    config = load_config(request.resume_dir + "/config.json");
-    log::info("resuming " + request.resume_dir + " with its own config.json");
+  Training run(request, hooks);  // config, device and ranks, data, model, optimiser, run directory, resume state
+  while (run.epochs_left()) {
+    run.start_epoch();
+    while (run.steps_left_in_epoch()) run.after_step(run.step());
+    run.end_epoch();
   }
-
-  const DistEnv env = dist_env_from_environment();
-  configure_threads(static_cast<int>(tc.threads));
-  torch::Device device = resolve_device(tc.device);
-  if (device.is_cuda() && env.world_size > 1) device = torch::Device(torch::kCUDA, env.local_rank);
-  auto comm = make_communicator(env, tc, device);
-  const bool main_rank = comm->is_main();
-  if (env.world_size > 1) log::set_prefix("[rank " + std::to_string(env.rank) + "] ");
-  if (tc.amp != "off" && !device.is_cuda()) {
-    log::warn("train.amp=" + tc.amp + " needs CUDA; training in float32 on " + device.str());
-  }
-  const bool amp = tc.amp != "off" && device.is_cuda();
-  const bool fp16 = amp && tc.amp == "fp16";
-
-  // ---- data ----
-  const Splits splits = open_datasets(config.data, tc.seed, hooks.decoder);
-  const auto& class_names = splits.train->class_names();
-  const auto num_classes = static_cast<int64_t>(class_names.size());
-  if (config.model.num_classes != num_classes) {
-    log::info("model.num_classes " + std::to_string(config.model.num_classes) + " -> " +
-              std::to_string(num_classes) + " (the dataset's classes)");
-    config.model.num_classes = num_classes;
-  }
-  RawAugment raw_augment;
-  if (config.data.augment.randaugment_ops > 0) {
-    if (!hooks.make_randaugment) throw std::invalid_argument("data.augment.randaugment_ops needs a build with OpenCV");
-    raw_augment = hooks.make_randaugment(config.data.augment.randaugment_ops, config.data.augment.randaugment_magnitude);
-  }
-  LoaderOptions train_options;
-  train_options.batch_size = tc.batch_size;
-  train_options.shuffle = true;
-  train_options.drop_last = true;
-  train_options.seed = tc.seed;
-  train_options.num_workers = config.data.num_workers;
-  train_options.prefetch = config.data.prefetch_batches;
-  train_options.rank = env.rank;
-  train_options.world_size = env.world_size;
-  train_options.skip_bad_images = config.data.on_bad_image == "skip";
-  train_options.pin_memory = device.is_cuda();
-  Loader train_loader(splits.train, make_train_transform(config.data, config.model, raw_augment), train_options,
-                      make_mix_transform(config.data.augment, num_classes, tc.label_smoothing));
-  LoaderOptions eval_options = train_options;
-  eval_options.shuffle = false;
-  eval_options.drop_last = false;
-  Loader eval_loader(splits.val, make_eval_transform(config.data, config.model), eval_options);
-
-  const int64_t steps_per_epoch = train_loader.batches_per_epoch() / tc.accum_steps;
-  if (steps_per_epoch < 1) {
-    throw std::invalid_argument("train.batch_size " + std::to_string(tc.batch_size) + " x accum_steps " +
-                                std::to_string(tc.accum_steps) + " x ranks " + std::to_string(env.world_size) +
-                                " is larger than the training set (" + std::to_string(splits.train->size()) +
-                                " samples)");
-  }
-  const Schedule schedule = make_schedule(tc, steps_per_epoch);
-
-  // ---- model and optimiser ----
-  torch::manual_seed(tc.seed);
-  VisionTransformer net(config.model);
-  if (!request.init_from.empty() && !resuming) {
-    for (const auto& note : load_for_finetune(request.init_from, net)) log::info(request.init_from + ": " + note);
-  }
-  net->to(device);
-  std::vector<std::pair<std::string, torch::Tensor>> named_parameters;
-  for (const auto& item : net->named_parameters()) named_parameters.emplace_back(item.key(), item.value());
-  FlatAdamW optimizer(named_parameters, tc);
-  // Averages gradients over ranks, each bucket's all-reduce overlapping the rest of backward (no-op for one rank).
-  GradientReducer reducer(*comm, optimizer.grads(), optimizer.named(), named_parameters);
-  {
-    std::vector<torch::Tensor> params{optimizer.params()};
-    comm->broadcast(params, 0);  // identical start on every rank
-  }
-  torch::Tensor ema;  // flat EMA of the parameters
-  if (tc.ema_decay > 0) ema = optimizer.params().detach().clone();
-  torch::manual_seed(mix_seed({tc.seed, 0x64726f70ULL, static_cast<uint64_t>(env.rank)}));  // dropout stream
-
-  // ---- run directory ----
-  std::string run_dir = resuming ? request.resume_dir : request.out_dir;
-  if (run_dir.empty()) run_dir = tc.output_root + "/" + request.config_name + "-" + timestamp();
-  RunState rs;
-  if (resuming) {
-    const std::string state_path = run_dir + "/state.safetensors";
-    const auto archive = safetensors::read(state_path);
-    auto tensor = [&](const std::string& name) {
-      const auto* info = archive.find(name);
-      if (info == nullptr) throw std::runtime_error(state_path + ": missing tensor " + name);
-      return archive.tensor(*info, /*as_float32=*/false);
-    };
-    torch::NoGradGuard no_grad;
-    auto params = tensor("params");
-    if (params.numel() != optimizer.params().numel()) {
-      throw std::runtime_error(state_path + ": " + std::to_string(params.numel()) + " parameters saved, the model has " +
-                               std::to_string(optimizer.params().numel()));
-    }
-    optimizer.params().copy_(params);
-    optimizer.load_state({{"optimizer.exp_avg", tensor("optimizer.exp_avg")},
-                          {"optimizer.exp_avg_sq", tensor("optimizer.exp_avg_sq")},
-                          {"optimizer.steps", tensor("optimizer.steps")}});
-    if (ema.defined()) ema.copy_(tensor("ema"));
-    // The position in the epoch counts per-rank batches and each rank has its own RNG stream: same world size only.
-    const auto saved_world = archive.metadata.find("world_size");
-    const int world_size = saved_world == archive.metadata.end() ? 1 : std::stoi(saved_world->second);
-    if (world_size != env.world_size) {
-      throw std::invalid_argument(state_path + " was saved by " + std::to_string(world_size) + " rank(s); resume it " +
-                                  "with WORLD_SIZE=" + std::to_string(world_size) + ", not " +
-                                  std::to_string(env.world_size));
-    }
-    set_rng_state(tensor("rng.cpu.rank" + std::to_string(env.rank)));
-    auto meta = archive.metadata.find("state");
-    if (meta == archive.metadata.end()) throw std::runtime_error(state_path + ": no \"state\" metadata");
-    rs = state_from_json(json::parse(meta->second));
-    log::info("resumed at epoch " + std::to_string(rs.epoch + 1) + ", step " + std::to_string(rs.global_step));
-  }
-  const std::string metrics_path = run_dir + "/metrics.jsonl";
-  if (main_rank) {
-    make_dirs(run_dir);
-    write_file_atomic(run_dir + "/config.json", to_json(config).dump(2) + "\n");
-    if (resuming) {
-      std::error_code error;
-      if (fs::exists(metrics_path, error)) fs::resize_file(metrics_path, rs.metrics_bytes, error);
-    } else {
-      write_file_atomic(metrics_path, "");
-    }
-    point_latest(tc.output_root, run_dir);
-    log::info("run directory: " + run_dir);
-  }
-  std::ofstream metrics;
-  if (main_rank) metrics.open(metrics_path, std::ios::app);
-
-  std::map<std::string, std::string> model_metadata{{"class_source", config.data.format}};
-  auto save_state = [&] {
-    std::vector<std::pair<std::string, torch::Tensor>> tensors{{"params", optimizer.params().detach().cpu()}};
-    for (auto& [name, t] : optimizer.state()) tensors.emplace_back(name, t.cpu());
-    if (ema.defined()) tensors.emplace_back("ema", ema.cpu());
-    // Every rank's dropout stream; each rank restores its own.
-    std::vector<torch::Tensor> states{rng_state()};
-    if (env.world_size > 1) {
-      auto all = torch::zeros({env.world_size, states[0].numel()}, torch::kUInt8).to(torch::kFloat64);
-      all[env.rank].copy_(states[0].to(torch::kFloat64));
-      std::vector<torch::Tensor> gathered{all};
-      comm->all_reduce_sum(gathered);
-      for (int r = 0; r < env.world_size; ++r) {
-        tensors.emplace_back("rng.cpu.rank" + std::to_string(r), gathered[0][r].to(torch::kUInt8).contiguous());
-      }
-    } else {
-      tensors.emplace_back("rng.cpu.rank0", states[0]);
-    }
-    if (!main_rank) return;
-    if (metrics.is_open()) metrics.flush();
-    std::error_code error;
-    rs.metrics_bytes = fs::exists(metrics_path, error) ? fs::file_size(metrics_path, error) : 0;
-    const double elapsed_before = rs.elapsed_seconds;
-    rs.elapsed_seconds = elapsed_before + seconds_since(run_start);
-    safetensors::write(run_dir + "/state.safetensors", tensors,
-                       {{"format", "vit-train-state"}, {"format_version", "1"}, {"state", state_json(rs).dump()},
-                        {"world_size", std::to_string(env.world_size)}});
-    rs.elapsed_seconds = elapsed_before;
-  };
-  // Writes a model file from a flat parameter buffer (the live weights or the EMA).
-  auto save_flat_model = [&](const std::string& path, const torch::Tensor& flat) {
-    if (!main_rank) return;
-    torch::NoGradGuard no_grad;
-    if (flat.data_ptr() == optimizer.params().data_ptr()) {
-      save_model(path, net, config.data.preprocess, class_names, model_metadata);
-      return;
-    }
-    auto backup = optimizer.params().clone();
-    optimizer.params().copy_(flat);
-    save_model(path, net, config.data.preprocess, class_names, model_metadata);
-    optimizer.params().copy_(backup);
-  };
-  auto evaluate_flat = [&](const torch::Tensor& flat) {
-    torch::NoGradGuard no_grad;
-    if (flat.data_ptr() == optimizer.params().data_ptr()) {
-      return evaluate(net, eval_loader, num_classes, device, comm.get());
-    }
-    auto backup = optimizer.params().clone();
-    optimizer.params().copy_(flat);
-    auto result = evaluate(net, eval_loader, num_classes, device, comm.get());
-    optimizer.params().copy_(backup);
-    return result;
-  };
-
-  log::info("training " + std::to_string(count_parameters(*net)) + " parameters on " + device.str() + " for " +
-            std::to_string(tc.epochs) + " epochs x " + std::to_string(steps_per_epoch) + " steps (batch " +
-            std::to_string(tc.batch_size) + " x accum " + std::to_string(tc.accum_steps) + " x ranks " +
-            std::to_string(env.world_size) + "), " + std::to_string(splits.train->size()) + " train / " +
-            std::to_string(splits.val->size()) + " val samples");
-
-  Progress progress;
-  const int64_t images_per_step = tc.batch_size * tc.accum_steps * env.world_size;
-  bool reached_max = tc.max_steps > 0 && rs.global_step >= tc.max_steps;
-  double last_top1 = std::nan("");
-  net->train();
-  for (; rs.epoch < tc.epochs && !reached_max; ++rs.epoch) {
-    train_loader.start_epoch(rs.epoch, rs.step_in_epoch * tc.accum_steps);
-    auto interval_start = Clock::now();
-    int64_t interval_images = 0;
-    double interval_comm_s = 0.0;  // waiting for the gradient all-reduce after backward (what overlap left over)
-    double last_lr = schedule.lr_at(rs.global_step);
-    while (rs.step_in_epoch < steps_per_epoch) {
-      if (tc.max_steps > 0 && rs.global_step >= tc.max_steps) {
-        reached_max = true;
-        break;
-      }
-      const auto step_start = Clock::now();
-      optimizer.zero_grad();
-      double step_loss = 0.0;
-      double bad_loss = 0.0;  // this rank's first non-finite loss of the step (0 = none)
-      for (int64_t micro = 0; micro < tc.accum_steps; ++micro) {
-        auto batch = train_loader.next();
-        if (!batch) throw std::runtime_error("data loader ended early in epoch " + std::to_string(rs.epoch + 1));
-        auto images = batch->images.to(device, /*non_blocking=*/true);
-        auto labels = batch->labels.to(device, /*non_blocking=*/true);
-        auto soft = batch->soft_targets.defined() ? batch->soft_targets.to(device, true) : torch::Tensor();
-        torch::Tensor loss;
-        {
-          AutocastScope autocast(amp, fp16 ? at::kHalf : at::kBFloat16);
-          loss = classification_loss(net->forward(images), labels, soft, tc.label_smoothing);
-        }
-        const double value = loss.item<double>();
-        if (!std::isfinite(value) && bad_loss == 0.0) bad_loss = value;
-        if (bad_loss != 0.0 && env.world_size == 1) break;
-        step_loss += value / static_cast<double>(tc.accum_steps);
-        if (micro + 1 == tc.accum_steps) reducer.arm();  // this backward completes the step's gradients
-        (loss * ((fp16 ? rs.loss_scale : 1.0) / static_cast<double>(tc.accum_steps))).backward();
-      }
-      const auto comm_start = Clock::now();
-      reducer.finish();
-      interval_comm_s += seconds_since(comm_start);
-      // One small all-reduce: the loss over all ranks (what one process with the global batch would log), and
-      // whether any rank was asked to stop (a signal may reach one rank only), so that all stop after this step.
-      // A rank whose loss is not finite still ran its backward (its peers' all-reduce needs its gradients), and says
-      // so here: every rank then stops with the cause, not only the rank that saw it.
-      const auto shared = sum_over_ranks(
-          *comm, {step_loss, stop_requested() ? 1.0 : 0.0, bad_loss != 0.0 ? 1.0 : 0.0});
-      step_loss = shared[0] / env.world_size;
-      const bool stop_now = shared[1] > 0.0;
-      if (shared[2] > 0.0) {
-        std::string where;
-        if (env.world_size > 1) {
-          where = " on " + std::to_string(static_cast<int64_t>(shared[2])) + " of " +
-                  std::to_string(env.world_size) + " ranks" + (bad_loss != 0.0 ? " (this one included)" : "");
-        }
-        throw std::runtime_error("training diverged: loss is " + std::to_string(bad_loss != 0.0 ? bad_loss : step_loss) +
-                                 " at step " + std::to_string(rs.global_step + 1) + " (epoch " +
-                                 std::to_string(rs.epoch + 1) + ")" + where + "; the last good checkpoint in " +
-                                 run_dir + " is untouched (try a lower train.lr or train.clip_grad)");
-      }
-      if (fp16) optimizer.grads().div_(rs.loss_scale);
-      const double grad_norm = optimizer.clip_grad_norm(tc.clip_grad);
-      const double lr = schedule.lr_at(rs.global_step);
-      if (!std::isfinite(grad_norm)) {
-        if (!fp16) {
-          throw std::runtime_error("training diverged: gradient norm is " + std::to_string(grad_norm) +
-                                   " at step " + std::to_string(rs.global_step + 1) + "; the last good checkpoint in " +
-                                   run_dir + " is untouched");
-        }
-        rs.loss_scale /= 2.0;  // fp16 overflow: skip this update, retry with a smaller scale
-        rs.good_steps = 0;
-      } else {
-        optimizer.step(lr);
-        if (fp16 && ++rs.good_steps % 2000 == 0) rs.loss_scale *= 2.0;
-        if (ema.defined()) {
-          torch::NoGradGuard no_grad;
-          ema.mul_(tc.ema_decay).add_(optimizer.params(), 1.0 - tc.ema_decay);
-        }
-      }
-      last_lr = lr;
-      ++rs.global_step;
-      ++rs.step_in_epoch;
-      rs.epoch_loss_sum += step_loss;
-      ++rs.epoch_loss_count;
-      rs.epoch_images += images_per_step;
-      interval_images += images_per_step;
-      rs.epoch_seconds += seconds_since(step_start);
-
-      const double img_s = rs.epoch_seconds > 0 ? rs.epoch_images / rs.epoch_seconds : 0.0;
-      const double eta = img_s > 0 ? (steps_per_epoch - rs.step_in_epoch) * images_per_step / img_s : 0.0;
-      if (main_rank) {
-        progress.update(rs.epoch + 1, tc.epochs, rs.step_in_epoch, steps_per_epoch, step_loss, lr, img_s, eta);
-      }
-      if (rs.global_step % tc.log_interval == 0 && main_rank) {
-        const double interval_s = seconds_since(interval_start);
-        json line{{"step", rs.global_step},   {"epoch", rs.epoch + 1},     {"loss", step_loss},
-                  {"lr", lr},                 {"grad_norm", grad_norm},    {"img_per_s", interval_images / interval_s},
-                  {"time_s", rs.elapsed_seconds + seconds_since(run_start)}};
-        if (fp16) line["loss_scale"] = rs.loss_scale;
-        if (env.world_size > 1) line["comm_ms"] = 1000.0 * interval_comm_s * images_per_step / interval_images;
-        metrics << line.dump() << "\n";
-        metrics.flush();
-        if (!progress.tty()) {
-          char text[200];
-          std::snprintf(text, sizeof text, "epoch %lld step %lld/%lld loss %.4f lr %.3e grad_norm %.3f %.0f img/s",
-                        static_cast<long long>(rs.epoch + 1), static_cast<long long>(rs.step_in_epoch),
-                        static_cast<long long>(steps_per_epoch), step_loss, lr, grad_norm,
-                        interval_images / interval_s);
-          log::info(text);
-        }
-        interval_start = Clock::now();
-        interval_images = 0;
-        interval_comm_s = 0.0;
-      }
-      if (tc.checkpoint_interval > 0 && rs.global_step % tc.checkpoint_interval == 0 &&
-          rs.step_in_epoch < steps_per_epoch) {
-        save_state();
-      }
-      if (stop_now) {
-        save_state();
-        progress.end_line();
-        throw TrainingInterrupted("stopped at step " + std::to_string(rs.global_step) +
-                                  "; continue with: vit train --resume " + run_dir);
-      }
-    }
-    if (main_rank) progress.end_line();
-
-    // ---- end of epoch: evaluate, record, save ----
-    EpochRecord record;
-    record.epoch = rs.epoch + 1;
-    record.train_loss = rs.epoch_loss_count ? rs.epoch_loss_sum / rs.epoch_loss_count : std::nan("");
-    record.lr = last_lr;
-    record.epoch_seconds = rs.epoch_seconds;
-    record.img_per_s = rs.epoch_seconds > 0 ? rs.epoch_images / rs.epoch_seconds : 0.0;
-    record.eval_loss = record.eval_top1 = record.eval_top5 = std::nan("");
-    const bool last_epoch = rs.epoch + 1 == tc.epochs || reached_max;
-    if ((rs.epoch + 1) % tc.eval_interval == 0 || last_epoch) {
-      auto result = evaluate_flat(optimizer.params());
-      record.eval_loss = result.loss, record.eval_top1 = result.top1, record.eval_top5 = result.top5;
-      last_top1 = result.top1;
-      std::string message = "epoch " + std::to_string(record.epoch) + ": train_loss " +
-                            csv_number(record.train_loss) + ", eval_loss " + csv_number(result.loss) + ", top-1 " +
-                            csv_number(result.top1) + "%, top-5 " + csv_number(result.top5) + "%, " +
-                            std::to_string(static_cast<int64_t>(record.img_per_s)) + " img/s";
-      bool best_is_ema = false;
-      EvalResult ema_result;
-      if (ema.defined()) {
-        ema_result = evaluate_flat(ema);
-        message += "; EMA top-1 " + csv_number(ema_result.top1) + "%";
-        save_flat_model(run_dir + "/ema.safetensors", ema);
-        best_is_ema = ema_result.top1 > result.top1;
-      }
-      log::info(message);
-      const double top1 = best_is_ema ? ema_result.top1 : result.top1;
-      if (top1 > rs.best_top1) {
-        rs.best_top1 = top1;
-        model_metadata["best_epoch"] = std::to_string(record.epoch);
-        model_metadata["best_top1"] = csv_number(top1);
-        model_metadata["weights"] = best_is_ema ? "ema" : "model";
-        save_flat_model(run_dir + "/best.safetensors", best_is_ema ? ema : optimizer.params());
-      }
-      if (rs.seconds_to_90 < 0 && top1 >= 90.0) {
-        rs.seconds_to_90 = rs.elapsed_seconds + seconds_since(run_start);
-        log::info("reached 90% top-1 after " + csv_number(rs.seconds_to_90) + " s");
-      }
-    }
-    model_metadata.erase("best_epoch");
-    model_metadata.erase("best_top1");
-    model_metadata["weights"] = "model";
-    model_metadata["epoch"] = std::to_string(record.epoch);
-    save_flat_model(run_dir + "/last.safetensors", optimizer.params());
-    model_metadata.erase("epoch");
-    rs.history.push_back(record);
-    rs.step_in_epoch = 0;
-    rs.epoch_loss_sum = 0.0;
-    rs.epoch_loss_count = 0;
-    rs.epoch_seconds = 0.0;
-    rs.epoch_images = 0;
-    // The state says "epoch done" only after the model files exist, so a kill in between redoes the epoch end.
-    const int64_t finished_epoch = rs.epoch;
-    rs.epoch = finished_epoch + 1;
-    save_state();
-    rs.epoch = finished_epoch;
-    if (main_rank) {
-      write_summary_csv(run_dir + "/summary.csv", rs.history);
-      if (hooks.plot_curves) hooks.plot_curves(run_dir + "/curves.png", rs.history);
-    }
-  }
-  const auto bad = train_loader.bad_images();
-  if (!bad.empty()) {
-    log::warn(std::to_string(bad.size()) + " bad images were skipped:");
-    for (const auto& b : bad) log::warn("  " + b);
-  }
-  comm->barrier();
-  TrainResult result;
-  result.run_dir = run_dir;
-  result.steps = rs.global_step;
-  result.best_top1 = rs.best_top1;
-  result.final_top1 = std::isfinite(last_top1) ? last_top1 : (rs.history.empty() ? 0.0 : rs.history.back().eval_top1);
-  result.seconds = rs.elapsed_seconds + seconds_since(run_start);
-  result.seconds_to_90 = rs.seconds_to_90;
-  result.history = rs.history;
-  return result;
+  return run.finish();
 }
 
 }  // namespace vit

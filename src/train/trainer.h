@@ -12,26 +12,15 @@
 #include "data/augment.h"
 #include "data/dataset.h"
 #include "model/vit.h"
-#include "train/optimizer.h"
+#include "train/history.h"
 
 namespace vit {
-
-struct EpochRecord {
-  int64_t epoch = 0;          // 1-based, as timm's summary.csv
-  double train_loss = 0.0;    // mean training loss over the epoch
-  double eval_loss = 0.0;
-  double eval_top1 = 0.0;     // percent
-  double eval_top5 = 0.0;     // percent
-  double lr = 0.0;            // learning rate at the end of the epoch
-  double epoch_seconds = 0.0; // training wall time of the epoch (without evaluation)
-  double img_per_s = 0.0;     // training throughput over all ranks
-};
 
 // What the core library cannot do by itself (OpenCV lives in the vision library); all optional.
 struct TrainHooks {
   ImageDecoder decoder;  // decodes folder/csv datasets
   std::function<RawAugment(int64_t ops, double magnitude)> make_randaugment;
-  std::function<void(const std::string& png_path, const std::vector<EpochRecord>& history)> plot_curves;
+  std::function<void(const std::string& png_path, const std::vector<CurvePanel>& panels)> plot_curves;
 };
 
 struct TrainRequest {
@@ -48,7 +37,8 @@ struct TrainResult {
   double best_top1 = 0.0;
   double final_top1 = 0.0;
   double seconds = 0.0;    // wall time including evaluation and data loading
-  double seconds_to_90 = -1.0;  // wall time when eval top-1 first reached 90% (-1 = never)
+  double target_top1 = 0.0;         // train.target_top1 (0 = none)
+  double seconds_to_target = -1.0;  // wall time when eval top-1 first reached it (-1 = never, or no target)
   std::vector<EpochRecord> history;
 };
 

@@ -1,0 +1,77 @@
+// The per-epoch training history and its text forms (JSON for the resume state, CSV for summary.csv).
+#include "train/history.h"
+
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace vit {
+using nlohmann::json;
+
+namespace {
+
+// The record's number fields, in summary.csv's column order: the one list JSON and CSV are made from.
+template <typename Record, typename Visit>
+void visit_numbers(Record& r, Visit&& visit) {
+  visit("train_loss", r.train_loss);
+  visit("eval_loss", r.eval_loss);
+  visit("eval_top1", r.eval_top1);
+  visit("eval_top5", r.eval_top5);
+  visit("lr", r.lr);
+  visit("epoch_seconds", r.epoch_seconds);
+  visit("img_per_s", r.img_per_s);
+}
+
+}  // namespace
+
+json to_json(const EpochRecord& record) {
+  json j{{"epoch", record.epoch}};
+  visit_numbers(record, [&](const char* key, double value) { j[key] = value; });  // NaN dumps as null
+  return j;
+}
+
+EpochRecord epoch_record_from_json(const json& j) {
+  EpochRecord record;
+  record.epoch = j.at("epoch").get<int64_t>();
+  visit_numbers(record, [&](const char* key, double& value) {
+    const auto& v = j.at(key);
+    value = v.is_number() ? v.get<double>() : std::nan("");
+  });
+  return record;
+}
+
+std::string csv_number(double v) {
+  if (!std::isfinite(v)) return "";
+  std::ostringstream s;
+  s << std::setprecision(8) << v;
+  return s.str();
+}
+
+std::string summary_csv(const std::vector<EpochRecord>& history) {
+  std::string text = "epoch";
+  const EpochRecord columns;
+  visit_numbers(columns, [&](const char* key, double) { text += std::string(",") + key; });
+  text += "\n";
+  for (const auto& r : history) {
+    text += std::to_string(r.epoch);
+    visit_numbers(r, [&](const char*, double value) { text += "," + csv_number(value); });
+    text += "\n";
+  }
+  return text;
+}
+
+std::vector<CurvePanel> history_curves(const std::vector<EpochRecord>& history) {
+  CurvePanel loss{"loss", {{"train loss", {}}, {"eval loss", {}}}};
+  CurvePanel accuracy{"accuracy", {{"eval top-1 %", {}}, {"eval top-5 %", {}}}};
+  for (const auto& r : history) {
+    loss.curves[0].values.push_back(r.train_loss);
+    loss.curves[1].values.push_back(r.eval_loss);
+    accuracy.curves[0].values.push_back(r.eval_top1);
+    accuracy.curves[1].values.push_back(r.eval_top5);
+  }
+  return {loss, accuracy};
+}
+
+}  // namespace vit

@@ -1,0 +1,99 @@
+// The resume state file: its progress JSON and its format checks.
+#include "train/run_state.h"
+
+#include <nlohmann/json.hpp>
+
+namespace vit {
+using nlohmann::json;
+
+namespace {
+
+// The progress fields other than the history, the one list both directions are made from.
+template <typename State, typename Visit>
+void visit_fields(State& s, Visit&& visit) {
+  visit("epoch", s.epoch);
+  visit("step_in_epoch", s.step_in_epoch);
+  visit("global_step", s.global_step);
+  visit("epoch_loss_sum", s.epoch_loss_sum);
+  visit("epoch_loss_count", s.epoch_loss_count);
+  visit("epoch_seconds", s.epoch_seconds);
+  visit("epoch_images", s.epoch_images);
+  visit("best_top1", s.best_top1);
+  visit("elapsed_seconds", s.elapsed_seconds);
+  visit("seconds_to_target", s.seconds_to_target);
+  visit("metrics_bytes", s.metrics_bytes);
+  visit("loss_scale", s.loss_scale);
+  visit("good_steps", s.good_steps);
+}
+
+}  // namespace
+
+json to_json(const RunState& s) {
+  json j;
+  visit_fields(s, [&](const char* key, const auto& value) { j[key] = value; });
+  j["history"] = json::array();
+  for (const auto& record : s.history) j["history"].push_back(to_json(record));
+  return j;
+}
+
+RunState run_state_from_json(const json& j, const std::string& source) {
+  RunState s;
+  try {
+    visit_fields(s, [&](const char* key, auto& value) {
+      const bool renamed = std::string(key) == "seconds_to_target" && !j.contains(key);
+      j.at(renamed ? "seconds_to_90" : key).get_to(value);
+    });
+    for (const auto& record : j.at("history")) s.history.push_back(epoch_record_from_json(record));
+  } catch (const json::exception& e) {
+    throw std::runtime_error(source + ": training state: " + e.what());
+  }
+  return s;
+}
+
+void write_run_state(const std::string& path, const safetensors::NamedTensors& tensors, const RunState& state,
+                     int world_size) {
+  safetensors::write(path, tensors,
+                     {{"format", kRunStateFormat},
+                      {"format_version", std::to_string(kRunStateFormatVersion)},
+                      {"state", to_json(state).dump()},
+                      {"world_size", std::to_string(world_size)}});
+}
+
+torch::Tensor SavedRun::tensor(const std::string& name) const {
+  const auto* info = archive.find(name);
+  if (info == nullptr) throw std::runtime_error(archive.path + ": missing tensor " + name);
+  return archive.tensor(*info, /*as_float32=*/false);
+}
+
+SavedRun read_run_state(const std::string& path) {
+  SavedRun saved{safetensors::read(path), {}, 1};
+  const auto& meta = saved.archive.metadata;
+  auto value = [&](const std::string& key) {
+    const auto it = meta.find(key);
+    return it == meta.end() ? std::string() : it->second;
+  };
+  if (value("format") != kRunStateFormat) {
+    throw std::runtime_error(path + ": not a vit training state (metadata format \"" + value("format") +
+                             "\", expected \"" + kRunStateFormat + "\")");
+  }
+  const std::string version = value("format_version");
+  if (version != std::to_string(kRunStateFormatVersion)) {
+    throw std::runtime_error(path + ": training state format_version \"" + version + "\"; this vit reads version " +
+                             std::to_string(kRunStateFormatVersion) +
+                             " (resume it with the vit that wrote it, or start a new run with --init-from)");
+  }
+  if (!meta.count("state")) throw std::runtime_error(path + ": no \"state\" metadata");
+  const json progress = json::parse(value("state"), nullptr, /*allow_exceptions=*/false);
+  if (progress.is_discarded()) throw std::runtime_error(path + ": \"state\" metadata is not valid JSON");
+  saved.state = run_state_from_json(progress, path);
+  if (meta.count("world_size")) {
+    try {
+      saved.world_size = std::stoi(value("world_size"));
+    } catch (const std::exception&) {
+      throw std::runtime_error(path + ": world_size \"" + value("world_size") + "\" is not a number");
+    }
+  }
+  return saved;
+}
+
+}  // namespace vit
