@@ -215,7 +215,7 @@ TEST(DistComm, BucketedMeanBroadcastAndScalarSums) {
   with_two_ranks([&](Communicator& comm) {
     const int r = comm.rank();
     auto flat = base * static_cast<float>(r + 1);  // rank 0: x, rank 1: 2x; mean 1.5x
-    all_reduce_mean(comm, flat, /*bucket_bytes=*/64 * 4);
+    test::all_reduce_mean(comm, flat, /*bucket_bytes=*/64 * 4);
     means[r] = flat;
     std::vector<torch::Tensor> params{torch::full({5}, static_cast<float>(r + 10))};
     comm.broadcast(params, 0);
@@ -270,7 +270,7 @@ TEST(DistComm, OverlappedReducerAveragesLikeAPlainAllReduce) {
 TEST(DistComm, WorldOfOneIsANoOpAndEnvironmentIsChecked) {
   auto comm = make_local_communicator();
   auto flat = torch::ones({7});
-  all_reduce_mean(*comm, flat);
+  test::all_reduce_mean(*comm, flat);
   EXPECT_TRUE(torch::equal(flat, torch::ones({7})));
   EXPECT_EQ(sum_over_ranks(*comm, {2.5, 1.0}), (std::vector<double>{2.5, 1.0}));
   EXPECT_EQ(local_address_towards("127.0.0.1"), "127.0.0.1");

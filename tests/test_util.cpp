@@ -101,7 +101,7 @@ ModelConfig input_model(int64_t H, int64_t W, int64_t C) {
 
 DataConfig dataset_config(const std::string& format, const std::string& root) {
   DataConfig config;
-  config.format = format;
+  config.format = enum_from_name<DataFormat>(format).value();
   config.root = root;
   return config;
 }
@@ -144,10 +144,21 @@ void write_idx_dataset(const std::string& dir, int train_count, int test_count) 
   write("t10k", test_count, 2);
 }
 
+void all_reduce_mean(Communicator& comm, torch::Tensor& flat, int64_t bucket_bytes) {
+  if (comm.world_size() <= 1) return;
+  const int64_t per_bucket = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(flat.element_size()));
+  std::vector<torch::Tensor> buckets;
+  for (int64_t start = 0; start < flat.numel(); start += per_bucket) {
+    buckets.push_back(flat.narrow(0, start, std::min(per_bucket, flat.numel() - start)));
+  }
+  comm.all_reduce_sum(buckets);
+  flat.div_(comm.world_size());
+}
+
 void with_two_ranks(const std::function<void(Communicator&)>& body) {
   const int port = free_port();
   TrainConfig train;
-  train.dist_backend = "gloo";
+  train.dist_backend = DistBackend::gloo;
   train.dist_timeout_s = 30;
   std::vector<std::string> errors(2);
   std::vector<std::thread> threads;

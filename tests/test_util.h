@@ -109,6 +109,9 @@ using vit::free_port;
 // Runs `body(comm)` for ranks 0 and 1 of a fresh gloo group on loopback, each on its own thread; expects neither
 // to throw.
 void with_two_ranks(const std::function<void(Communicator&)>& body);
+// The plain reference the trainer's overlapped GradientReducer is held to: averages `flat` over the ranks in
+// all-reduces of about `bucket_bytes` each, all in flight at once.
+void all_reduce_mean(Communicator& comm, torch::Tensor& flat, int64_t bucket_bytes = 25 << 20);
 
 // max |a - b| over all elements.
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b);

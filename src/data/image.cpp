@@ -51,7 +51,7 @@ RawImage convert_channels(const RawImage& image, int64_t channels) {
   return out;
 }
 
-RawImage resize_image(const RawImage& image, int64_t height, int64_t width, const std::string& interpolation) {
+RawImage resize_image(const RawImage& image, int64_t height, int64_t width, Interpolation interpolation) {
   namespace F = torch::nn::functional;
   check_image(image, "resize_image");
   if (height <= 0 || width <= 0) {
@@ -59,12 +59,10 @@ RawImage resize_image(const RawImage& image, int64_t height, int64_t width, cons
                                 std::to_string(width));
   }
   F::InterpolateFuncOptions options;
-  if (interpolation == "bilinear") {
+  if (interpolation == Interpolation::bilinear) {
     options.mode(torch::kBilinear);
-  } else if (interpolation == "bicubic") {
-    options.mode(torch::kBicubic);
   } else {
-    throw std::invalid_argument("unknown interpolation \"" + interpolation + "\" (expected bilinear or bicubic)");
+    options.mode(torch::kBicubic);
   }
   // Antialiasing in both directions: the _aa kernels are PIL's (bicubic a = -0.5, filter widened by the scale when
   // shrinking), which is what timm's PIL pipeline computes; torch's plain bicubic (a = -0.75) would not match.
@@ -133,6 +131,21 @@ Normalizer::Normalizer(const Preprocess& preprocess, int64_t channels) : channel
   }
 }
 
+ResizeShape eval_resize_shape(int64_t image_h, int64_t image_w, const Preprocess& p, int64_t height, int64_t width) {
+  if (p.crop_pct >= 1.0) return {height, width};
+  if (height != width) {
+    return {static_cast<int64_t>(std::floor(static_cast<double>(height) / p.crop_pct)),
+            static_cast<int64_t>(std::floor(static_cast<double>(width) / p.crop_pct))};
+  }
+  // torchvision Resize(int): the shorter side becomes `scale`, the longer one int(scale * long / short).
+  const auto scale = static_cast<int64_t>(std::floor(static_cast<double>(height) / p.crop_pct));
+  const auto longer = [&](int64_t a, int64_t b) {
+    return static_cast<int64_t>(static_cast<double>(scale) * static_cast<double>(a) / static_cast<double>(b));
+  };
+  if (image_w <= image_h) return {longer(image_h, image_w), scale};
+  return {scale, longer(image_w, image_h)};
+}
+
 torch::Tensor preprocess(const RawImage& image, const Preprocess& p, int64_t height, int64_t width, int64_t channels) {
   return preprocess(image, p, Normalizer(p, channels), height, width);
 }
@@ -156,30 +169,10 @@ torch::Tensor preprocess(const RawImage& image, const Preprocess& p, const Norma
     current = &storage;
   }
 
-  int64_t resize_h = height, resize_w = width;
-  if (p.crop_pct < 1.0) {
-    if (height == width) {
-      // torchvision Resize(int): the shorter side becomes `scale`, the longer one int(scale * long / short).
-      const int64_t scale = static_cast<int64_t>(std::floor(static_cast<double>(height) / p.crop_pct));
-      const int64_t h = current->height, w = current->width;
-      if (w <= h) {
-        resize_w = scale;
-        resize_h = static_cast<int64_t>(static_cast<double>(scale) * static_cast<double>(h) / static_cast<double>(w));
-      } else {
-        resize_h = scale;
-        resize_w = static_cast<int64_t>(static_cast<double>(scale) * static_cast<double>(w) / static_cast<double>(h));
-      }
-    } else {
-      resize_h = static_cast<int64_t>(std::floor(static_cast<double>(height) / p.crop_pct));
-      resize_w = static_cast<int64_t>(std::floor(static_cast<double>(width) / p.crop_pct));
-    }
-  }
+  const auto [resize_h, resize_w] = eval_resize_shape(current->height, current->width, p, height, width);
   if (resize_h != current->height || resize_w != current->width) {
     storage = resize_image(*current, resize_h, resize_w, p.interpolation);
     current = &storage;
-  } else if (p.interpolation != "bilinear" && p.interpolation != "bicubic") {
-    // Validate even when no resize happens, so a bad config fails on every input, not only on some.
-    throw std::invalid_argument("unknown interpolation \"" + p.interpolation + "\" (expected bilinear or bicubic)");
   }
   const int64_t top = centre_crop_offset(current->height, height);
   const int64_t left = centre_crop_offset(current->width, width);

@@ -26,8 +26,8 @@ void check_image(const RawImage& image, const std::string& what);
 RawImage convert_channels(const RawImage& image, int64_t channels);
 
 // Resizes with torch's interpolate ("bilinear" or "bicubic", align_corners=false, antialiased: PIL's kernels) on
-// float pixels, then clamps to [0, 255] and rounds back to 8 bits as PIL does. Throws on an unknown interpolation.
-RawImage resize_image(const RawImage& image, int64_t height, int64_t width, const std::string& interpolation);
+// float pixels, then clamps to [0, 255] and rounds back to 8 bits as PIL does.
+RawImage resize_image(const RawImage& image, int64_t height, int64_t width, Interpolation interpolation);
 
 // The window [top, top + height) x [left, left + width); throws when it is not inside the image.
 RawImage crop_image(const RawImage& image, int64_t top, int64_t left, int64_t height, int64_t width);
@@ -35,6 +35,16 @@ RawImage crop_image(const RawImage& image, int64_t top, int64_t left, int64_t he
 // Offset of a centred crop of `crop` out of `size`, rounded like torchvision's center_crop (Python's round,
 // ties to even), so crops match timm's pixel for pixel.
 int64_t centre_crop_offset(int64_t size, int64_t crop);
+
+// The evaluation geometry, the one place it is computed (preprocess() and export-attention's crop window use it):
+// the size an image_h x image_w image is resized to before the centre crop to height x width.
+// crop_pct == 1: (height, width), a plain resize. crop_pct < 1, square target: the shorter side becomes
+// floor(size / crop_pct) and the other keeps the aspect ratio (timm/torchvision Resize(int)); rectangular target:
+// (floor(H / crop_pct), floor(W / crop_pct)).
+struct ResizeShape {
+  int64_t height = 0, width = 0;
+};
+ResizeShape eval_resize_shape(int64_t image_h, int64_t image_w, const Preprocess& p, int64_t height, int64_t width);
 
 // Normalisation (x / 255 - mean[c]) / std[c] for all 256 byte values of each channel, computed in float32 exactly as
 // timm's ToTensor + Normalize do; normalising a pixel is then one table lookup.
@@ -52,10 +62,7 @@ class Normalizer {
 };
 
 // THE evaluation preprocessing: convert channels, resize, centre crop, x/255, (x - mean[c]) / std[c].
-// crop_pct == 1: plain resize to (height, width), skipped when the size already matches.
-// crop_pct < 1, square target: shorter side to floor(size / crop_pct) keeping the aspect ratio (timm/torchvision
-//   Resize(int)), then centre crop; rectangular target: resize to (floor(H / crop_pct), floor(W / crop_pct)), then
-//   centre crop.
+// The resize is eval_resize_shape()'s, skipped when the size already matches; then the centre crop.
 // Returns float32 (C, H, W), contiguous.
 torch::Tensor preprocess(const RawImage& image, const Preprocess& p, int64_t height, int64_t width, int64_t channels);
 // The same with a prebuilt Normalizer (channels = normalizer.channels()), for callers preprocessing many images.

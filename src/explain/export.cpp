@@ -119,21 +119,7 @@ cv::Rect ModelView::in(cv::Size size) const {
 
 ModelView model_view(int64_t image_h, int64_t image_w, const Preprocess& preprocess, int64_t height, int64_t width) {
   if (preprocess.crop_pct >= 1.0) return {};
-  // The resize before the crop, exactly as preprocess() sizes it (data/image.h).
-  int64_t resize_h = 0, resize_w = 0;
-  if (height == width) {
-    const auto scale = static_cast<int64_t>(std::floor(static_cast<double>(height) / preprocess.crop_pct));
-    if (image_w <= image_h) {
-      resize_w = scale;
-      resize_h = static_cast<int64_t>(static_cast<double>(scale) * image_h / image_w);
-    } else {
-      resize_h = scale;
-      resize_w = static_cast<int64_t>(static_cast<double>(scale) * image_w / image_h);
-    }
-  } else {
-    resize_h = static_cast<int64_t>(std::floor(static_cast<double>(height) / preprocess.crop_pct));
-    resize_w = static_cast<int64_t>(std::floor(static_cast<double>(width) / preprocess.crop_pct));
-  }
+  const auto [resize_h, resize_w] = eval_resize_shape(image_h, image_w, preprocess, height, width);  // as preprocess()
   const int64_t top = centre_crop_offset(resize_h, height), left = centre_crop_offset(resize_w, width);
   ModelView view;
   view.top = static_cast<double>(top) / resize_h;

@@ -211,14 +211,14 @@ torch::ScalarType to_scalar_type(DType dtype) {
   return torch::kFloat32;
 }
 
-const TensorInfo* Archive::find(const std::string& name) const {
+namespace {
+
+const TensorInfo* find_in(const std::vector<TensorInfo>& tensors, const std::string& name) {
   for (const TensorInfo& info : tensors) {
     if (info.name == name) return &info;
   }
   return nullptr;
 }
-
-namespace {
 
 // Checks the 8-byte header length against the file size; returns it.
 uint64_t checked_header_length(const char* first8, uint64_t size, const std::string& path) {
@@ -273,8 +273,16 @@ torch::Tensor storage_for(const TensorInfo& info) {
   return torch::empty(info.shape, torch::TensorOptions().dtype(storage));
 }
 
-// Bool is read as bytes and compared with zero: any byte other than 0/1 in a torch bool is undefined behaviour.
-torch::Tensor finish_tensor(const TensorInfo& info, torch::Tensor raw, bool as_float32) {
+// A new tensor for `info`: checked against the data section, filled by `copy(destination, nbytes)` from wherever
+// the bytes are (memory or the open file). Bool is read as bytes and compared with zero: any byte other than 0/1 in
+// a torch bool is undefined behaviour.
+template <typename Copy>
+torch::Tensor new_tensor(const TensorInfo& info, uint64_t data_size, const std::string& path, bool as_float32,
+                         Copy&& copy) {
+  uint64_t nbytes = 0;
+  check_fits(info, data_size, path, nbytes);
+  torch::Tensor raw = storage_for(info);
+  if (nbytes > 0) copy(raw.data_ptr(), nbytes);
   if (info.dtype == DType::BOOL) return raw.ne(0);
   const bool floating = info.dtype == DType::F16 || info.dtype == DType::BF16 || info.dtype == DType::F64;
   if (as_float32 && floating) return raw.to(torch::kFloat32);
@@ -295,12 +303,13 @@ Archive parse(std::string bytes, const std::string& path_for_errors) {
   return archive;
 }
 
+const TensorInfo* Archive::find(const std::string& name) const { return find_in(tensors, name); }
+
 torch::Tensor Archive::tensor(const TensorInfo& info, bool as_float32) const {
-  uint64_t nbytes = 0;
-  check_fits(info, bytes.size() >= data_start ? bytes.size() - data_start : 0, path, nbytes);
-  torch::Tensor raw = storage_for(info);
-  if (nbytes > 0) std::memcpy(raw.data_ptr(), bytes.data() + data_start + info.begin, nbytes);
-  return finish_tensor(info, raw, as_float32);
+  const uint64_t data_size = bytes.size() >= data_start ? bytes.size() - data_start : 0;
+  return new_tensor(info, data_size, path, as_float32, [&](void* out, uint64_t nbytes) {
+    std::memcpy(out, bytes.data() + data_start + info.begin, nbytes);
+  });
 }
 
 torch::Tensor Archive::tensor(const std::string& name, bool as_float32) const {
@@ -335,12 +344,7 @@ File::File(const std::string& path) : path_(path) {
 
 File::~File() { ::close(fd_); }
 
-const TensorInfo* File::find(const std::string& name) const {
-  for (const TensorInfo& info : tensors_) {
-    if (info.name == name) return &info;
-  }
-  return nullptr;
-}
+const TensorInfo* File::find(const std::string& name) const { return find_in(tensors_, name); }
 
 void File::read_bytes(uint64_t offset, void* out, uint64_t count, const std::string& what) const {
   auto* cursor = static_cast<char*>(out);
@@ -371,11 +375,9 @@ void File::read_into(const TensorInfo& info, torch::Tensor dst) const {
 }
 
 torch::Tensor File::tensor(const TensorInfo& info, bool as_float32) const {
-  uint64_t nbytes = 0;
-  check_fits(info, data_size_, path_, nbytes);
-  torch::Tensor raw = storage_for(info);
-  if (nbytes > 0) read_bytes(data_start_ + info.begin, raw.data_ptr(), nbytes, "tensor " + quoted(info.name));
-  return finish_tensor(info, raw, as_float32);
+  return new_tensor(info, data_size_, path_, as_float32, [&](void* out, uint64_t nbytes) {
+    read_bytes(data_start_ + info.begin, out, nbytes, "tensor " + quoted(info.name));
+  });
 }
 
 std::string serialize(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {

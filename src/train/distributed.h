@@ -58,10 +58,7 @@ std::unique_ptr<Communicator> make_communicator(const DistEnv& env, const TrainC
 std::unique_ptr<Communicator> join_process_group(const DistEnv& env, const TrainConfig& train,
                                                  const torch::Device& device);
 
-// Averages a flat gradient buffer over ranks in buckets of about `bucket_bytes`.
-void all_reduce_mean(Communicator& comm, torch::Tensor& flat, int64_t bucket_bytes = 25 << 20);
-
-// Averages the gradients over ranks like all_reduce_mean, but starts each bucket's all-reduce during backward, as
+// Averages the gradients over ranks, as a bucketed all-reduce, but starts each bucket's all-reduce during backward, as
 // soon as autograd has finished every gradient in it (DDP's overlap of communication with the rest of backward).
 // Buckets are runs of whole parameters, contiguous in the flat gradient buffer; they start in one order fixed by the
 // model (latest layers first), so that every rank issues the same collectives in the same sequence.
