@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/fields.h"
 #include "util/fs.h"
 
 namespace vit {
@@ -213,98 +214,40 @@ template <typename Model, typename Visitor>
 void visit_model(Model& m, Visitor& v) {
   v.preset("preset", m.preset);
   v.size("img_size", m.img_h, m.img_w);
-  v("patch_size", m.patch_size);
-  v("in_chans", m.in_chans);
-  v("num_classes", m.num_classes);
-  v("embed_dim", m.embed_dim);
-  v("depth", m.depth);
-  v("num_heads", m.num_heads);
-  v("mlp_ratio", m.mlp_ratio);
-  v("qkv_bias", m.qkv_bias);
-  v("class_token", m.class_token);
-  v("global_pool", m.global_pool);
-  v("drop_rate", m.drop_rate);
-  v("attn_drop_rate", m.attn_drop_rate);
-  v("proj_drop_rate", m.proj_drop_rate);
-  v("drop_path_rate", m.drop_path_rate);
-  v("init_values", m.init_values);
-  v("layer_norm_eps", m.layer_norm_eps);
-  v("rel_pos_bias", m.rel_pos_bias);
+  VIT_VISIT_FIELDS(v, m,
+                   patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias, class_token,
+                   global_pool, drop_rate, attn_drop_rate, proj_drop_rate, drop_path_rate, init_values, layer_norm_eps,
+                   rel_pos_bias);
 }
 
 template <typename P, typename Visitor>
 void visit_preprocess(P& p, Visitor& v) {
-  v("mean", p.mean);
-  v("std", p.std);
-  v("interpolation", p.interpolation);
-  v("crop_pct", p.crop_pct);
+  VIT_VISIT_FIELDS(v, p, mean, std, interpolation, crop_pct);
 }
 
 template <typename A, typename Visitor>
 void visit_augment(A& a, Visitor& v) {
-  v("random_resized_crop", a.random_resized_crop);
-  v("scale", a.scale);
-  v("ratio", a.ratio);
-  v("pad_crop", a.pad_crop);
-  v("hflip", a.hflip);
-  v("randaugment_ops", a.randaugment_ops);
-  v("randaugment_magnitude", a.randaugment_magnitude);
-  v("random_erasing", a.random_erasing);
-  v("mixup_alpha", a.mixup_alpha);
-  v("cutmix_alpha", a.cutmix_alpha);
-  v("mix_prob", a.mix_prob);
-  v("switch_prob", a.switch_prob);
+  VIT_VISIT_FIELDS(v, a,
+                   random_resized_crop, scale, ratio, pad_crop, hflip, randaugment_ops, randaugment_magnitude,
+                   random_erasing, mixup_alpha, cutmix_alpha, mix_prob, switch_prob);
 }
 
 template <typename D, typename Visitor>
 void visit_data(D& d, Visitor& v) {
   visit_preprocess(d.preprocess, v);  // mean/std/interpolation/crop_pct sit directly under "data"
-  v("format", d.format);
-  v("root", d.root);
-  v("train_dir", d.train_dir);
-  v("val_dir", d.val_dir);
-  v("test_dir", d.test_dir);
-  v("train_csv", d.train_csv);
-  v("val_csv", d.val_csv);
-  v("test_csv", d.test_csv);
-  v("val_fraction", d.val_fraction);
-  v("train_subset", d.train_subset);
-  v("val_subset", d.val_subset);
-  v("num_workers", d.num_workers);
-  v("prefetch_batches", d.prefetch_batches);
-  v("on_bad_image", d.on_bad_image);
+  VIT_VISIT_FIELDS(v, d,
+                   format, root, train_dir, val_dir, test_dir, train_csv, val_csv, test_csv, val_fraction,
+                   train_subset, val_subset, num_workers, prefetch_batches, on_bad_image);
   v.section("augment", d.augment, [](auto& a, auto& sub) { visit_augment(a, sub); });
 }
 
 template <typename T, typename Visitor>
 void visit_train(T& t, Visitor& v) {
-  v("epochs", t.epochs);
-  v("batch_size", t.batch_size);
-  v("accum_steps", t.accum_steps);
-  v("lr", t.lr);
-  v("min_lr", t.min_lr);
-  v("warmup_lr", t.warmup_lr);
-  v("warmup_steps", t.warmup_steps);
-  v("warmup_epochs", t.warmup_epochs);
-  v("weight_decay", t.weight_decay);
-  v("beta1", t.beta1);
-  v("beta2", t.beta2);
-  v("eps", t.eps);
-  v("clip_grad", t.clip_grad);
-  v("label_smoothing", t.label_smoothing);
-  v("ema_decay", t.ema_decay);
-  v("device", t.device);
-  v("amp", t.amp);
-  v("threads", t.threads);
-  v("seed", t.seed);
-  v("log_interval", t.log_interval);
-  v("checkpoint_interval", t.checkpoint_interval);
-  v("eval_interval", t.eval_interval);
-  v("max_steps", t.max_steps);
-  v("target_top1", t.target_top1);
-  v("dist_backend", t.dist_backend);
-  v("dist_timeout_s", t.dist_timeout_s);
-  v("output_root", t.output_root);
+  VIT_VISIT_FIELDS(v, t,
+                   epochs, batch_size, accum_steps, lr, min_lr, warmup_lr, warmup_steps, warmup_epochs, weight_decay,
+                   beta1, beta2, eps, clip_grad, label_smoothing, ema_decay, device, amp, threads, seed, log_interval,
+                   checkpoint_interval, eval_interval, max_steps, target_top1, dist_backend, dist_timeout_s,
+                   output_root);
 }
 
 // Parsing: every key through Section's checked readers.

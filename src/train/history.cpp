@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/fields.h"
+
 namespace vit {
 using nlohmann::json;
 
@@ -15,13 +17,7 @@ namespace {
 // The record's number fields, in summary.csv's column order: the one list JSON and CSV are made from.
 template <typename Record, typename Visit>
 void visit_numbers(Record& r, Visit&& visit) {
-  visit("train_loss", r.train_loss);
-  visit("eval_loss", r.eval_loss);
-  visit("eval_top1", r.eval_top1);
-  visit("eval_top5", r.eval_top5);
-  visit("lr", r.lr);
-  visit("epoch_seconds", r.epoch_seconds);
-  visit("img_per_s", r.img_per_s);
+  VIT_VISIT_FIELDS(visit, r, train_loss, eval_loss, eval_top1, eval_top5, lr, epoch_seconds, img_per_s);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/fields.h"
+
 namespace vit {
 using nlohmann::json;
 
@@ -11,19 +13,8 @@ namespace {
 // The progress fields other than the history, the one list both directions are made from.
 template <typename State, typename Visit>
 void visit_fields(State& s, Visit&& visit) {
-  visit("epoch", s.epoch);
-  visit("step_in_epoch", s.step_in_epoch);
-  visit("global_step", s.global_step);
-  visit("epoch_loss_sum", s.epoch_loss_sum);
-  visit("epoch_loss_count", s.epoch_loss_count);
-  visit("epoch_seconds", s.epoch_seconds);
-  visit("epoch_images", s.epoch_images);
-  visit("best_top1", s.best_top1);
-  visit("elapsed_seconds", s.elapsed_seconds);
-  visit("seconds_to_target", s.seconds_to_target);
-  visit("metrics_bytes", s.metrics_bytes);
-  visit("loss_scale", s.loss_scale);
-  visit("good_steps", s.good_steps);
+  VIT_VISIT_FIELDS(visit, s, epoch, step_in_epoch, global_step, epoch_loss_sum, epoch_loss_count, epoch_seconds,
+                   epoch_images, best_top1, elapsed_seconds, seconds_to_target, metrics_bytes, loss_scale, good_steps);
 }
 
 }  // namespace
