@@ -1,0 +1,449 @@
+// The ViT as an ONNX graph, node for node as model/vit.cpp's forward in eval mode (dropout and stochastic depth are
+// identities there). No torch header here: see onnx_writer.h.
+//
+// Shape key as in model/vit.h: B batch (symbolic), C, H, W, P, gh/gw, L = gh*gw patches, N tokens, D, nh, hd, K.
+// Between the embedding and the pooling the tokens travel as a (B*N, D) matrix, so every linear layer is one Gemm
+// over the weight in its state-dict layout (out, in), with transB instead of a transposed copy.
+#include "export/onnx_writer.h"
+
+#include <fcntl.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <onnx/onnx_pb.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <stdexcept>
+
+#include "vit/build_config.h"
+
+// raw_data holds little-endian float32: the weights' bytes go in as they are in memory.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the ONNX writer copies float32 bytes as little-endian");
+
+namespace vit::onnx {
+namespace {
+namespace proto = ::ONNX_NAMESPACE;
+
+// Opset 17 is the first with LayerNormalization; IR version 8 is the one its ONNX release (1.12) writes, and every
+// later onnx / onnxruntime reads it.
+constexpr int64_t kOpset = 17;
+constexpr int64_t kIrVersion = 8;
+constexpr const char* kBatch = "batch";
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw std::runtime_error(path + ": " + what);
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// The weights by state-dict name, each checked for its shape where the graph takes it; any left over at the end
+// belongs to a feature this writer does not know, which must not vanish silently from the exported model.
+class Weights {
+ public:
+  Weights(const std::map<std::string, Weight>& weights, const std::string& path) : weights_(weights), path_(path) {}
+
+  const Weight& take(const std::string& name, const std::vector<int64_t>& shape) {
+    const auto found = weights_.find(name);
+    if (found == weights_.end()) fail(path_, "missing weight '" + name + "' " + shape_string(shape));
+    const Weight& weight = found->second;
+    if (weight.shape != shape) {
+      fail(path_, "weight '" + name + "' has shape " + shape_string(weight.shape) + ", the model config expects " +
+                      shape_string(shape));
+    }
+    int64_t count = 1;
+    for (int64_t dim : shape) count *= dim;
+    if (static_cast<int64_t>(weight.data.size()) != count) {
+      fail(path_, "weight '" + name + "' " + shape_string(shape) + " holds " + std::to_string(weight.data.size()) +
+                      " values, expected " + std::to_string(count));
+    }
+    taken_.insert(name);
+    return weight;
+  }
+
+  void check_all_taken() const {
+    for (const auto& [name, weight] : weights_) {
+      if (taken_.count(name) == 0) {
+        fail(path_, "weight '" + name + "' " + shape_string(weight.shape) +
+                        " has no place in the ONNX graph of this model config (a feature the writer does not know)");
+      }
+    }
+  }
+
+ private:
+  const std::map<std::string, Weight>& weights_;
+  const std::string& path_;
+  std::set<std::string> taken_;
+};
+
+void set_shape(proto::ValueInfoProto* value, const std::vector<int64_t>& dims_after_batch) {
+  auto* tensor = value->mutable_type()->mutable_tensor_type();
+  tensor->set_elem_type(proto::TensorProto::FLOAT);
+  auto* shape = tensor->mutable_shape();
+  shape->add_dim()->set_dim_param(kBatch);
+  for (int64_t dim : dims_after_batch) shape->add_dim()->set_dim_value(dim);
+}
+
+// Appends nodes and initializers to a graph. Every tensor name is assigned once; a node is named after its output.
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(proto::GraphProto* graph) : graph_(graph) {}
+
+  proto::NodeProto* node(const std::string& op, const std::vector<std::string>& inputs, const std::string& output) {
+    auto* node = graph_->add_node();
+    node->set_op_type(op);
+    node->set_name(output);
+    for (const auto& input : inputs) node->add_input(input);
+    node->add_output(output);
+    return node;
+  }
+  std::string op(const std::string& op, const std::vector<std::string>& inputs, const std::string& output) {
+    node(op, inputs, output);
+    return output;
+  }
+
+  std::string floats(const std::string& name, const std::vector<int64_t>& shape, const float* data, size_t count) {
+    auto* tensor = graph_->add_initializer();
+    tensor->set_name(name);
+    tensor->set_data_type(proto::TensorProto::FLOAT);
+    for (int64_t dim : shape) tensor->add_dims(dim);
+    tensor->set_raw_data(data, count * sizeof(float));
+    return name;
+  }
+  std::string weight(const std::string& name, const Weight& weight) {
+    return floats(name, weight.shape, weight.data.data(), weight.data.size());
+  }
+  // A float scalar constant, shared by every node that uses the same value under the same role.
+  std::string scalar(const std::string& role, float value) {
+    const std::string name = "const." + role;
+    if (constants_.insert(name).second) floats(name, {}, &value, 1);
+    return name;
+  }
+  // A 1-D int64 constant (a shape, an axis list), shared by value; scalar_index gives a 0-d index for Gather.
+  std::string ints(const std::vector<int64_t>& values, bool scalar_index = false) {
+    std::string name = scalar_index ? "const.index" : "const.ints";
+    for (int64_t v : values) name += "." + std::to_string(v);
+    if (constants_.insert(name).second) {
+      auto* tensor = graph_->add_initializer();
+      tensor->set_name(name);
+      tensor->set_data_type(proto::TensorProto::INT64);
+      if (!scalar_index) tensor->add_dims(static_cast<int64_t>(values.size()));
+      tensor->set_raw_data(values.data(), values.size() * sizeof(int64_t));
+    }
+    return name;
+  }
+
+ private:
+  proto::GraphProto* graph_;
+  std::set<std::string> constants_;
+};
+
+void attribute(proto::NodeProto* node, const std::string& name, int64_t value) {
+  auto* a = node->add_attribute();
+  a->set_name(name);
+  a->set_type(proto::AttributeProto::INT);
+  a->set_i(value);
+}
+void attribute(proto::NodeProto* node, const std::string& name, float value) {
+  auto* a = node->add_attribute();
+  a->set_name(name);
+  a->set_type(proto::AttributeProto::FLOAT);
+  a->set_f(value);
+}
+void attribute(proto::NodeProto* node, const std::string& name, const std::vector<int64_t>& values) {
+  auto* a = node->add_attribute();
+  a->set_name(name);
+  a->set_type(proto::AttributeProto::INTS);
+  for (int64_t v : values) a->add_ints(v);
+}
+
+// The architecture, with the checks the graph relies on (the model validates more; this writer is torch-free).
+struct Geometry {
+  int64_t C, H, W, P, gh, gw, L, prefix, N, D, nh, hd, hidden, K;
+};
+
+Geometry geometry(const ModelConfig& m, const std::string& path) {
+  if (m.patch_size <= 0 || m.img_h <= 0 || m.img_w <= 0 || m.img_h % m.patch_size != 0 ||
+      m.img_w % m.patch_size != 0) {
+    fail(path, "model.img_size " + std::to_string(m.img_h) + "x" + std::to_string(m.img_w) +
+                   " is not a positive multiple of patch_size " + std::to_string(m.patch_size));
+  }
+  if (m.num_heads <= 0 || m.embed_dim <= 0 || m.embed_dim % m.num_heads != 0) {
+    fail(path, "model.num_heads " + std::to_string(m.num_heads) + " does not divide embed_dim " +
+                   std::to_string(m.embed_dim));
+  }
+  if (m.depth < 1 || m.in_chans < 1 || m.num_classes < 0) {
+    fail(path, "model depth " + std::to_string(m.depth) + ", in_chans " + std::to_string(m.in_chans) +
+                   ", num_classes " + std::to_string(m.num_classes) + " out of range");
+  }
+  if (m.global_pool == GlobalPool::token && !m.class_token) {
+    fail(path, "model.global_pool \"token\" needs class_token true");
+  }
+  Geometry g{};
+  g.C = m.in_chans;
+  g.H = m.img_h;
+  g.W = m.img_w;
+  g.P = m.patch_size;
+  g.gh = m.grid_h();
+  g.gw = m.grid_w();
+  g.L = g.gh * g.gw;
+  g.prefix = m.class_token ? 1 : 0;
+  g.N = g.L + g.prefix;
+  g.D = m.embed_dim;
+  g.nh = m.num_heads;
+  g.hd = m.head_dim();
+  g.hidden = static_cast<int64_t>(static_cast<double>(m.embed_dim) * m.mlp_ratio);  // as the model's Block
+  g.K = m.num_classes;
+  return g;
+}
+
+// The constant (nh, N, N) bias a block adds to its attention logits at the trained grid: the table gathered through
+// model/vit.cpp's relative_position_index (restated here without torch; the parity test holds the two together).
+std::vector<float> relative_bias(const Weight& table, const Geometry& g) {
+  const int64_t span_w = 2 * g.gw - 1;
+  const int64_t patch_entries = (2 * g.gh - 1) * span_w;
+  std::vector<int64_t> index(g.N * g.N);  // (N, N) rows into the table
+  for (int64_t i = 0; i < g.L; ++i) {
+    for (int64_t j = 0; j < g.L; ++j) {
+      const int64_t dy = i / g.gw - j / g.gw + g.gh - 1, dx = i % g.gw - j % g.gw + g.gw - 1;
+      index[(i + g.prefix) * g.N + j + g.prefix] = dy * span_w + dx;
+    }
+  }
+  if (g.prefix) {
+    for (int64_t t = 1; t < g.N; ++t) {
+      index[t] = patch_entries;             // class -> patch
+      index[t * g.N] = patch_entries + 1;   // patch -> class
+    }
+    index[0] = patch_entries + 2;  // class -> class
+  }
+  std::vector<float> bias(g.nh * g.N * g.N);  // (nh, N, N)
+  for (int64_t h = 0; h < g.nh; ++h) {
+    for (int64_t t = 0; t < g.N * g.N; ++t) bias[h * g.N * g.N + t] = table.data[index[t] * g.nh + h];
+  }
+  return bias;
+}
+
+// Exact GELU from Erf (opset 17 has no Gelu), in torch's order: x * 0.5 * (1 + erf(x / sqrt(2))).
+std::string gelu(GraphBuilder& b, const std::string& x, const std::string& name) {
+  auto scaled = b.op("Mul", {x, b.scalar("gelu.inv_sqrt2", static_cast<float>(M_SQRT1_2))}, name + ".scaled");
+  auto erf = b.op("Erf", {scaled}, name + ".erf");
+  auto one_plus = b.op("Add", {erf, b.scalar("gelu.one", 1.0f)}, name + ".one_plus_erf");
+  auto half_x = b.op("Mul", {x, b.scalar("gelu.half", 0.5f)}, name + ".half_x");
+  return b.op("Mul", {half_x, one_plus}, name);
+}
+
+std::string layer_norm(GraphBuilder& b, Weights& w, const std::string& x, const std::string& name, int64_t D,
+                       double eps) {
+  auto scale = b.weight(name + ".weight", w.take(name + ".weight", {D}));
+  auto bias = b.weight(name + ".bias", w.take(name + ".bias", {D}));
+  auto* node = b.node("LayerNormalization", {x, scale, bias}, name);
+  attribute(node, "axis", int64_t{-1});
+  attribute(node, "epsilon", static_cast<float>(eps));
+  return name;
+}
+
+// x (rows, in) @ weight^T + bias: (rows, out).
+std::string linear(GraphBuilder& b, Weights& w, const std::string& x, const std::string& name, int64_t in,
+                   int64_t out, bool with_bias = true) {
+  std::vector<std::string> inputs{x, b.weight(name + ".weight", w.take(name + ".weight", {out, in}))};
+  if (with_bias) inputs.push_back(b.weight(name + ".bias", w.take(name + ".bias", {out})));
+  attribute(b.node("Gemm", inputs, name), "transB", int64_t{1});
+  return name;
+}
+
+// Patch embedding, class token and position embedding: pixel_values -> (B*N, D).
+std::string embed(GraphBuilder& b, Weights& w, const std::string& pixels, const Geometry& g) {
+  // A stride-P P x P convolution, the weight in its state-dict layout (D, C, P, P).
+  auto kernel = b.weight("patch_embed.proj.weight", w.take("patch_embed.proj.weight", {g.D, g.C, g.P, g.P}));
+  auto kernel_bias = b.weight("patch_embed.proj.bias", w.take("patch_embed.proj.bias", {g.D}));
+  auto* conv = b.node("Conv", {pixels, kernel, kernel_bias}, "patch_embed.proj");  // (B, D, gh, gw)
+  attribute(conv, "kernel_shape", std::vector<int64_t>{g.P, g.P});
+  attribute(conv, "strides", std::vector<int64_t>{g.P, g.P});
+  auto flat = b.op("Reshape", {"patch_embed.proj", b.ints({0, g.D, g.L})}, "patch_embed.flat");  // (B, D, L)
+  auto* rows = b.node("Transpose", {flat}, "patch_embed");  // (B, L, D), row by row
+  attribute(rows, "perm", std::vector<int64_t>{0, 2, 1});
+  std::string tokens = "patch_embed";
+  if (g.prefix) {
+    // The class token broadcast over the batch: Expand to (B, 1, D), B read from the input at run time.
+    auto* batch = b.node("Shape", {pixels}, "batch_size");  // (1) = [B]
+    attribute(batch, "start", int64_t{0});
+    attribute(batch, "end", int64_t{1});
+    attribute(b.node("Concat", {"batch_size", b.ints({1, g.D})}, "cls_token.shape"), "axis", int64_t{0});
+    auto cls = b.op("Expand", {b.weight("cls_token", w.take("cls_token", {1, 1, g.D})), "cls_token.shape"},
+                    "cls_token.batch");  // (B, 1, D)
+    attribute(b.node("Concat", {cls, tokens}, "tokens.with_cls"), "axis", int64_t{1});  // (B, N, D)
+    tokens = "tokens.with_cls";
+  }
+  auto pos = b.weight("pos_embed", w.take("pos_embed", {1, g.N, g.D}));
+  auto added = b.op("Add", {tokens, pos}, "embed");                  // (B, N, D)
+  return b.op("Reshape", {added, b.ints({-1, g.D})}, "embed.rows");  // (B*N, D)
+}
+
+struct BlockOptions {
+  bool qkv_bias, layer_scale, rel_pos_bias;
+  double eps;
+  std::string probs_output;  // the softmax's tensor name: "attention.{i}" when it is a graph output
+};
+
+// One transformer block over (B*N, D) rows: x + ls1(attn(norm1(x))), then the same for the MLP.
+std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::string& p, const Geometry& g,
+                  const BlockOptions& o) {
+  auto h = layer_norm(b, w, x, p + "norm1", g.D, o.eps);
+  auto qkv = linear(b, w, h, p + "attn.qkv", g.D, 3 * g.D, o.qkv_bias);  // (B*N, 3D)
+  auto heads = b.op("Reshape", {qkv, b.ints({-1, g.N, 3, g.nh, g.hd})}, p + "attn.qkv.heads");  // (B, N, 3, nh, hd)
+  attribute(b.node("Transpose", {heads}, p + "attn.qkv.split"), "perm", std::vector<int64_t>{2, 0, 3, 1, 4});
+  const std::string split = p + "attn.qkv.split";  // (3, B, nh, N, hd)
+  auto take = [&](int64_t i, const std::string& name) {
+    attribute(b.node("Gather", {split, b.ints({i}, /*scalar_index=*/true)}, p + name), "axis", int64_t{0});
+    return p + name;  // (B, nh, N, hd)
+  };
+  auto q = take(0, "attn.q"), k = take(1, "attn.k"), v = take(2, "attn.v");
+  // As the model's explicit path: scale q, q @ k^T, (+ relative bias), softmax over keys.
+  auto q_scaled =
+      b.op("Mul", {q, b.scalar("attn.scale", static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.hd))))},
+           p + "attn.q_scaled");
+  attribute(b.node("Transpose", {k}, p + "attn.k_t"), "perm", std::vector<int64_t>{0, 1, 3, 2});  // (B, nh, hd, N)
+  auto logits = b.op("MatMul", {q_scaled, p + "attn.k_t"}, p + "attn.logits");                   // (B, nh, N, N)
+  if (o.rel_pos_bias) {
+    const int64_t entries = (2 * g.gh - 1) * (2 * g.gw - 1) + (g.prefix ? 3 : 0);
+    const auto bias = relative_bias(w.take(p + "attn.relative_position_bias_table", {entries, g.nh}), g);
+    auto constant = b.floats(p + "attn.relative_position_bias", {g.nh, g.N, g.N}, bias.data(), bias.size());
+    logits = b.op("Add", {logits, constant}, p + "attn.logits_biased");
+  }
+  attribute(b.node("Softmax", {logits}, o.probs_output), "axis", int64_t{-1});
+  auto context = b.op("MatMul", {o.probs_output, v}, p + "attn.context");  // (B, nh, N, hd)
+  attribute(b.node("Transpose", {context}, p + "attn.merge"), "perm", std::vector<int64_t>{0, 2, 1, 3});
+  auto merged = b.op("Reshape", {p + "attn.merge", b.ints({-1, g.D})}, p + "attn.merged");  // (B*N, D)
+  auto a = linear(b, w, merged, p + "attn.proj", g.D, g.D);
+  if (o.layer_scale) a = b.op("Mul", {a, b.weight(p + "ls1.gamma", w.take(p + "ls1.gamma", {g.D}))}, p + "ls1");
+  auto y = b.op("Add", {x, a}, p + "attn.residual");
+
+  auto m = layer_norm(b, w, y, p + "norm2", g.D, o.eps);
+  m = linear(b, w, m, p + "mlp.fc1", g.D, g.hidden);
+  m = gelu(b, m, p + "mlp.act");
+  m = linear(b, w, m, p + "mlp.fc2", g.hidden, g.D);
+  if (o.layer_scale) m = b.op("Mul", {m, b.weight(p + "ls2.gamma", w.take(p + "ls2.gamma", {g.D}))}, p + "ls2");
+  return b.op("Add", {y, m}, p + "output");
+}
+
+// Pool (class token, or mean of the patch tokens), its norm, the head: (B*N, D) -> (B, K), or (B, D) without a head.
+std::string head(GraphBuilder& b, Weights& w, const std::string& x, const Geometry& g, const ModelConfig& m,
+                 const std::string& output) {
+  auto tokens = b.op("Reshape", {x, b.ints({-1, g.N, g.D})}, "tokens");  // (B, N, D)
+  std::string pooled;
+  if (m.global_pool == GlobalPool::avg) {
+    auto patches = b.op("Slice", {tokens, b.ints({g.prefix}), b.ints({g.N}), b.ints({1})}, "patch_tokens");
+    auto* mean = b.node("ReduceMean", {patches}, "pooled");  // (B, D)
+    attribute(mean, "axes", std::vector<int64_t>{1});
+    attribute(mean, "keepdims", int64_t{0});
+    pooled = layer_norm(b, w, "pooled", "fc_norm", g.D, m.layer_norm_eps);
+  } else {
+    // The final norm acts on each token alone, so normalising just the class token gives the model's numbers.
+    attribute(b.node("Gather", {tokens, b.ints({0}, /*scalar_index=*/true)}, "pooled"), "axis", int64_t{1});
+    pooled = layer_norm(b, w, "pooled", "norm", g.D, m.layer_norm_eps);
+  }
+  if (g.K == 0) return b.op("Identity", {pooled}, output);
+  std::vector<std::string> inputs{pooled, b.weight("head.weight", w.take("head.weight", {g.K, g.D})),
+                                  b.weight("head.bias", w.take("head.bias", {g.K}))};
+  attribute(b.node("Gemm", inputs, output), "transB", int64_t{1});
+  return output;
+}
+
+// Streams the serialised model to a sibling temp file, then renames it over `path`: no second in-memory copy of the
+// weights, and a failure leaves neither a partial file nor the temp file behind.
+void write_atomic(const proto::ModelProto& model, const std::string& path) {
+  const std::string temp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail(path, "cannot open " + temp + " for writing: " + std::strerror(errno));
+  auto abandon = [&](const std::string& what, int error_number) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    fail(path, what + (error_number ? std::string(": ") + std::strerror(error_number) : std::string()));
+  };
+  {
+    google::protobuf::io::FileOutputStream out(fd);
+    if (!model.SerializeToZeroCopyStream(&out) || !out.Flush()) abandon("cannot write " + temp, out.GetErrno());
+  }
+  // Without fsync a crash after the rename can leave the final name pointing at a partial file.
+  if (::fsync(fd) != 0) abandon("cannot fsync " + temp, errno);
+  if (::close(fd) != 0) {
+    const int error_number = errno;
+    ::unlink(temp.c_str());
+    fail(path, "cannot close " + temp + ": " + std::strerror(error_number));
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error_number = errno;
+    ::unlink(temp.c_str());
+    fail(path, "cannot rename " + temp + " over it: " + std::strerror(error_number));
+  }
+}
+
+}  // namespace
+
+void write_onnx(const ExportInput& input, const std::string& path) {
+  const ModelConfig& m = input.model;
+  const Geometry g = geometry(m, path);
+  Weights w(input.weights, path);
+
+  proto::ModelProto model;
+  model.set_ir_version(kIrVersion);
+  model.set_producer_name("vit");
+  model.set_producer_version(VIT_VERSION);
+  auto* opset = model.add_opset_import();
+  opset->set_domain("");
+  opset->set_version(kOpset);
+  std::set<std::string> keys;
+  for (const auto& [key, value] : input.metadata) {
+    // onnx's checker rejects a model whose metadata repeats a key.
+    if (!keys.insert(key).second) fail(path, "metadata key '" + key + "' given twice");
+    auto* prop = model.add_metadata_props();
+    prop->set_key(key);
+    prop->set_value(value);
+  }
+
+  auto* graph = model.mutable_graph();
+  graph->set_name("vit");
+  auto* pixels = graph->add_input();
+  pixels->set_name("pixel_values");
+  set_shape(pixels, {g.C, g.H, g.W});
+
+  GraphBuilder b(graph);
+  std::string x = embed(b, w, "pixel_values", g);
+  for (int64_t i = 0; i < m.depth; ++i) {
+    const std::string prefix = "blocks." + std::to_string(i) + ".";
+    BlockOptions options{m.qkv_bias, m.init_values.has_value(), m.rel_pos_bias, m.layer_norm_eps,
+                         input.attention_outputs ? "attention." + std::to_string(i) : prefix + "attn.probs"};
+    x = block(b, w, x, prefix, g, options);
+  }
+  const std::string output_name = g.K > 0 ? "logits" : "features";
+  head(b, w, x, g, m, output_name);
+  w.check_all_taken();
+
+  auto* output = graph->add_output();
+  output->set_name(output_name);
+  set_shape(output, {g.K > 0 ? g.K : g.D});
+  if (input.attention_outputs) {
+    for (int64_t i = 0; i < m.depth; ++i) {
+      auto* probs = graph->add_output();
+      probs->set_name("attention." + std::to_string(i));
+      set_shape(probs, {g.nh, g.N, g.N});
+    }
+  }
+
+  // One protobuf message cannot exceed 2 GiB; larger models would need ONNX's external-data files.
+  const size_t bytes = model.ByteSizeLong();
+  if (bytes > static_cast<size_t>(INT_MAX)) {
+    fail(path, "the model is " + std::to_string(bytes) +
+                   " bytes, over protobuf's 2 GiB limit for one ONNX file (external weight files are not supported)");
+  }
+  write_atomic(model, path);
+}
+
+}  // namespace vit::onnx

@@ -1,0 +1,264 @@
+// ONNX export: for every model option the written file passes onnx's full checker and, run in onnxruntime, gives our
+// forward pass's logits and attention probabilities at batch 1 and 3; plus the file's names, symbolic batch dim and
+// metadata, and the writer's failures (a missing folder, weights or settings the graph cannot hold).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "export/onnx_writer.h"
+#include "io/safetensors.h"
+#include "model/vit.h"
+#include "test_util.h"
+#include "vit/build_config.h"
+
+namespace vit {
+namespace {
+
+#if VIT_WITH_ONNX
+
+using test::max_abs_diff;
+using test::quoted;
+
+struct Variant {
+  std::string name;
+  ModelConfig model;
+};
+
+// The variant's name, not its bytes, in gtest's failure lines.
+void PrintTo(const Variant& variant, std::ostream* out) { *out << variant.name; }
+
+std::vector<Variant> variants() {
+  auto base = [] { return test::tiny_vit(/*img=*/16, /*patch=*/4, /*in_chans=*/3, /*num_classes=*/5,
+                                         /*embed_dim=*/32, /*depth=*/2, /*num_heads=*/4, /*mlp_ratio=*/2.0); };
+  std::vector<Variant> list;
+  list.push_back({"token", base()});
+  auto avg = base();
+  avg.class_token = false;
+  avg.global_pool = GlobalPool::avg;
+  list.push_back({"avg_no_class_token", avg});
+  auto avg_cls = base();
+  avg_cls.global_pool = GlobalPool::avg;
+  avg_cls.layer_norm_eps = 1e-5;
+  list.push_back({"avg_class_token_eps", avg_cls});
+  auto layer_scale = base();
+  layer_scale.init_values = 0.1;
+  list.push_back({"layer_scale", layer_scale});
+  auto rel = base();
+  rel.rel_pos_bias = true;
+  list.push_back({"rel_pos_bias", rel});
+  auto rel_avg = avg;
+  rel_avg.rel_pos_bias = true;
+  list.push_back({"rel_pos_bias_no_class_token", rel_avg});
+  auto rect = base();
+  rect.img_w = 24;
+  rect.patch_size = 8;
+  rect.rel_pos_bias = true;
+  list.push_back({"rect_16x24_patch8", rect});
+  auto no_qkv_bias = base();
+  no_qkv_bias.qkv_bias = false;
+  list.push_back({"no_qkv_bias", no_qkv_bias});
+  auto gray = base();
+  gray.in_chans = 1;
+  list.push_back({"in_chans_1", gray});
+  auto headless = base();
+  headless.num_classes = 0;
+  list.push_back({"no_head", headless});
+  return list;
+}
+
+// A random model in eval mode whose zero-initialised weights (biases, cls_token, LayerNorm shifts, the relative
+// bias table) are perturbed too, so that a graph leaving any of them out would not match.
+VisionTransformer random_model(const ModelConfig& config) {
+  torch::manual_seed(0);
+  VisionTransformer net(config);
+  net->eval();
+  torch::NoGradGuard no_grad;
+  for (auto& p : net->parameters()) p.add_(torch::randn_like(p) * 0.05);
+  return net;
+}
+
+// Every parameter and buffer as float32 under its state-dict name, as `vit export` hands them to the writer.
+onnx::ExportInput export_input(VisionTransformer& net, bool attention_outputs) {
+  onnx::ExportInput input;
+  input.model = net->config();
+  input.attention_outputs = attention_outputs;
+  auto add = [&](const std::string& name, const torch::Tensor& tensor) {
+    const auto values = tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    onnx::Weight weight;
+    weight.shape = values.sizes().vec();
+    weight.data.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());
+    input.weights[name] = std::move(weight);
+  };
+  for (const auto& p : net->named_parameters()) add(p.key(), p.value());
+  for (const auto& b : net->named_buffers()) add(b.key(), b.value());
+  return input;
+}
+
+struct Reference {
+  nlohmann::json info;           // reference_onnx.py's description of the file
+  safetensors::Archive outputs;  // "<input>/<output>"
+};
+
+// Runs the file in onnxruntime on `inputs` (after onnx's full checker).
+Reference run_reference(const std::string& model_path, const test::TempDir& dir,
+                        const safetensors::NamedTensors& inputs) {
+  const std::string in = dir / "inputs.safetensors", out = dir / "outputs.safetensors";
+  safetensors::write(in, inputs);
+  const auto printed = test::run_python("reference_onnx.py", quoted(model_path) + " " + quoted(in) + " " + quoted(out));
+  return {nlohmann::json::parse(printed), safetensors::read(out)};
+}
+
+std::vector<std::string> folder_entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class OnnxParity : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(OnnxParity, LogitsAndAttentionMatchOnnxruntime) {
+  SKIP_WITHOUT_PYTHON("onnx", "onnxruntime", "safetensors", "numpy");
+  const auto& variant = GetParam();
+  const auto& m = variant.model;
+  auto net = random_model(m);
+  test::TempDir dir;
+  const std::string path = dir / "model.onnx";
+  onnx::write_onnx(export_input(net, /*attention_outputs=*/true), path);
+
+  torch::manual_seed(1);
+  const safetensors::NamedTensors inputs{{"batch1", torch::randn({1, m.in_chans, m.img_h, m.img_w})},
+                                         {"batch3", torch::randn({3, m.in_chans, m.img_h, m.img_w})}};
+  const auto reference = run_reference(path, dir, inputs);
+  const std::string output = m.num_classes > 0 ? "logits" : "features";
+  const int64_t tokens = m.grid_h() * m.grid_w() + (m.class_token ? 1 : 0);
+  const auto& outputs = reference.info["outputs"];
+  ASSERT_EQ(outputs.size(), static_cast<size_t>(1 + m.depth)) << outputs.dump();
+  EXPECT_EQ(outputs[0]["name"], output);
+  EXPECT_EQ(outputs[0]["shape"].dump(),
+            nlohmann::json({"batch", m.num_classes > 0 ? m.num_classes : m.embed_dim}).dump());
+  for (int64_t b = 0; b < m.depth; ++b) {
+    EXPECT_EQ(outputs[1 + b]["name"], "attention." + std::to_string(b));
+    EXPECT_EQ(outputs[1 + b]["shape"].dump(), nlohmann::json({"batch", m.num_heads, tokens, tokens}).dump());
+  }
+
+  torch::NoGradGuard no_grad;
+  for (const auto& [key, x] : inputs) {
+    const auto expected = net->forward(x);  // (B, K), or (B, D) pooled features without a head
+    Capture capture;
+    capture.attention = true;
+    net->forward_features(x, {}, &capture);
+    const auto got = reference.outputs.tensor(key + "/" + output);
+    ASSERT_EQ(got.sizes(), expected.sizes()) << key;
+    const double logits = max_abs_diff(got, expected);
+    double attention = 0.0;
+    for (int64_t b = 0; b < m.depth; ++b) {
+      const auto probs = reference.outputs.tensor(key + "/attention." + std::to_string(b));
+      ASSERT_EQ(probs.sizes(), capture.attention_probs[b].sizes()) << key << " attention." << b;
+      attention = std::max(attention, max_abs_diff(probs, capture.attention_probs[b]));
+    }
+    std::cout << variant.name << " " << key << ": max |d| " << output << " " << logits << ", attention " << attention
+              << "\n";
+    EXPECT_LE(logits, 1e-4) << key;
+    EXPECT_LE(attention, 1e-5) << key;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Onnx, OnnxParity, ::testing::ValuesIn(variants()),
+                         [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name; });
+
+TEST(Onnx, NamesBatchDimAndMetadataInOrder) {
+  SKIP_WITHOUT_PYTHON("onnx", "onnxruntime", "safetensors", "numpy");
+  const auto m = variants()[0].model;
+  auto net = random_model(m);
+  auto input = export_input(net, /*attention_outputs=*/false);
+  // Not sorted, so that an ordered map anywhere on the way would show.
+  input.metadata = {{"vit.config", R"({"model": {"depth": 2}})"}, {"b", "2"}, {"a", "1"}};
+  test::TempDir dir;
+  const std::string path = dir / "model.onnx";
+  onnx::write_onnx(input, path);
+  EXPECT_EQ(folder_entries(dir.path()), std::vector<std::string>{"model.onnx"}) << "temp file left behind";
+
+  torch::manual_seed(1);
+  const auto x = torch::randn({2, m.in_chans, m.img_h, m.img_w});
+  const auto reference = run_reference(path, dir, {{"batch2", x}});
+  const auto& info = reference.info;
+  EXPECT_EQ(info["metadata_props"].dump(),
+            nlohmann::json::array({nlohmann::json::array({"vit.config", R"({"model": {"depth": 2}})"}),
+                                   nlohmann::json::array({"b", "2"}), nlohmann::json::array({"a", "1"})})
+                .dump());
+  EXPECT_EQ(info["ir_version"], 8);
+  EXPECT_EQ(info["opsets"].dump(), R"({"":17})");
+  EXPECT_EQ(info["producer"].dump(), nlohmann::json({"vit", VIT_VERSION}).dump());
+  ASSERT_EQ(info["inputs"].size(), 1u) << info["inputs"].dump() << " (initializers must not be graph inputs)";
+  EXPECT_EQ(info["inputs"][0]["name"], "pixel_values");
+  EXPECT_EQ(info["inputs"][0]["shape"].dump(), nlohmann::json({"batch", m.in_chans, m.img_h, m.img_w}).dump());
+  ASSERT_EQ(info["outputs"].size(), 1u) << info["outputs"].dump();
+  EXPECT_EQ(info["outputs"][0]["name"], "logits");
+  EXPECT_EQ(info["outputs"][0]["shape"].dump(), nlohmann::json({"batch", m.num_classes}).dump());
+
+  torch::NoGradGuard no_grad;
+  const double logits = max_abs_diff(reference.outputs.tensor("batch2/logits"), net->forward(x));
+  std::cout << "without attention outputs, batch 2: max |d| logits " << logits << "\n";
+  EXPECT_LE(logits, 1e-4);
+}
+
+TEST(Onnx, MissingFolderFailsNamingItAndLeavesNothing) {
+  auto net = random_model(variants()[0].model);
+  test::TempDir dir;
+  const std::string path = dir / "no_such_folder/model.onnx";
+  const auto error = test::error_of([&] { onnx::write_onnx(export_input(net, false), path); });
+  EXPECT_NE(error.find(path), std::string::npos) << error;
+  EXPECT_NE(error.find("No such file or directory"), std::string::npos) << error;
+  EXPECT_TRUE(folder_entries(dir.path()).empty());
+}
+
+TEST(Onnx, UnrepresentableInputsThrowNamingThem) {
+  const auto m = variants()[0].model;
+  auto net = random_model(m);
+  test::TempDir dir;
+  const std::string path = dir / "model.onnx";
+  auto write = [&](const onnx::ExportInput& input) { return test::error_of([&] { onnx::write_onnx(input, path); }); };
+
+  auto extra = export_input(net, false);
+  extra.weights["blocks.0.attn.q_norm.weight"] = {{8}, std::vector<float>(8, 1.0f)};  // timm's qk_norm
+  auto error = write(extra);
+  EXPECT_NE(error.find(path + ": weight 'blocks.0.attn.q_norm.weight' [8] has no place"), std::string::npos) << error;
+
+  auto missing = export_input(net, false);
+  missing.weights.erase("blocks.1.mlp.fc2.bias");
+  error = write(missing);
+  EXPECT_NE(error.find("missing weight 'blocks.1.mlp.fc2.bias' [32]"), std::string::npos) << error;
+
+  auto reshaped = export_input(net, false);
+  reshaped.weights["pos_embed"].shape = {1, 16, 34};
+  error = write(reshaped);
+  EXPECT_NE(error.find("weight 'pos_embed' has shape [1, 16, 34], the model config expects [1, 17, 32]"),
+            std::string::npos)
+      << error;
+
+  auto token_without_class = export_input(net, false);
+  token_without_class.model.class_token = false;
+  error = write(token_without_class);
+  EXPECT_NE(error.find("model.global_pool \"token\" needs class_token true"), std::string::npos) << error;
+
+  auto repeated = export_input(net, false);
+  repeated.metadata = {{"a", "1"}, {"a", "2"}};
+  error = write(repeated);
+  EXPECT_NE(error.find(path + ": metadata key 'a' given twice"), std::string::npos) << error;
+
+  EXPECT_TRUE(folder_entries(dir.path()).empty()) << "a failed write left a file";
+}
+
+#else
+
+TEST(Onnx, Skipped) {
+  GTEST_SKIP() << "built with VIT_WITH_ONNX=OFF (protobuf or libonnx-dev not found): no ONNX writer to test";
+}
+
+#endif
+
+}  // namespace
+}  // namespace vit
