@@ -20,11 +20,17 @@ torch_version=${VIT_TORCH_VERSION:-2.14.1}
 
 packages=(cmake g++ make pkg-config libopenblas0-openmp libopencv-dev libcli11-dev libspdlog-dev
           nlohmann-json3-dev libgtest-dev googletest zlib1g-dev dataset-fashion-mnist libgloo-dev
-          python3 python3-numpy)
-# Test-only extras: Chromium renders the attention gallery page; Debian's PyTorch is the speed baseline.
-if [[ "${VIT_SETUP_TEST_EXTRAS:-0}" == 1 ]]; then
-  packages+=(chromium python3-torch)
+          python3 python3-numpy libprotobuf-dev protobuf-compiler libonnx-dev)
+# Test-only extras: Chromium renders the attention gallery page; Debian's PyTorch is the speed baseline; the
+# reference libraries (timm, transformers, onnx, onnxruntime) come from PyPI into the project's virtual environment.
+extras=0
+[[ "${VIT_SETUP_TEST_EXTRAS:-0}" == 1 ]] && extras=1
+if ((extras)); then
+  packages+=(chromium python3-torch python3-venv)
 fi
+# The reference libraries the interoperability tests compare with, at the versions they were checked against.
+reference_packages=(timm==1.0.31 transformers==5.24.0 safetensors==0.8.0 onnx==1.23.2 onnxruntime==1.32.0
+                    numpy==2.4.6 pillow==13.0.0)
 case "$libtorch" in
   debian)
     if [[ -z "${Torch_DIR:-}" && "${CMAKE_PREFIX_PATH:-}" != *orch* ]]; then
@@ -55,14 +61,30 @@ else
   "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-if [[ "$libtorch" == pip ]]; then
-  venv=${VIT_VENV:-$root/.venv}
+venv=${VIT_VENV:-$root/.venv}
+pip_install() { "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@"; }
+if [[ "$libtorch" == pip ]] || ((extras)); then
   [[ -x "$venv/bin/python" ]] || { echo "setup: creating $venv"; /usr/bin/python3 -m venv "$venv"; }
   have=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
   if [[ "$have" != "$torch_version"* ]]; then
     echo "setup: installing torch==$torch_version into $venv (PyPI's default wheel, about 5 GB with its CUDA libraries)"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_version"
+    if [[ "$libtorch" == pip ]]; then
+      pip_install "torch==$torch_version"
+    else
+      pip_install "torch==$torch_version" || echo "setup: WARNING: PyPI unreachable? torch not installed; the tests that compare with timm, transformers and onnxruntime will skip" >&2
+    fi
   else
     echo "setup: torch $have present in $venv"
+  fi
+fi
+if ((extras)); then
+  if "$venv/bin/python" -c 'import importlib.metadata as m, sys
+for spec in sys.argv[1:]:
+    name, version = spec.split("==")
+    if m.version(name) != version: sys.exit(1)' "${reference_packages[@]}" 2>/dev/null; then
+    echo "setup: reference libraries present in $venv"
+  else
+    echo "setup: installing ${reference_packages[*]} into $venv"
+    pip_install "${reference_packages[@]}" || echo "setup: WARNING: PyPI unreachable? reference libraries not installed; the tests that compare with them will skip" >&2
   fi
 fi

@@ -67,6 +67,59 @@ CommandResult run_vit(const std::string& arguments) {
   return result;
 }
 
+namespace {
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+}  // namespace
+
+std::string reference_python(const std::vector<std::string>& modules, std::string* why) {
+  std::string python;
+  if (const char* env = std::getenv("VIT_TEST_PYTHON"); env && *env) {
+    python = env;
+  } else if (const char* venv = std::getenv("VIT_VENV"); venv && *venv) {
+    python = std::string(venv) + "/bin/python";
+  } else {
+    python = VIT_TEST_PYTHON;
+  }
+  if (::access(python.c_str(), X_OK) != 0) {
+    *why = "reference libraries not installed: no " + python + " (scripts/setup.sh makes it with VIT_SETUP_TEST_EXTRAS=1)";
+    return "";
+  }
+  std::string imports;
+  for (const auto& m : modules) imports += "import " + m + "; ";
+  TempDir scratch;
+  const std::string command =
+      test::quoted(python) + " -c " + test::quoted(imports) + " >/dev/null 2>" + test::quoted(scratch.file("err"));
+  if (std::system(command.c_str()) != 0) {
+    std::string error = slurp(scratch.file("err"));
+    const auto last = error.find_last_not_of('\n');
+    error = error.substr(0, last == std::string::npos ? 0 : last + 1);
+    const auto line = error.rfind('\n');
+    *why = "reference libraries not installed in " + python + ": " + (line == std::string::npos ? error : error.substr(line + 1));
+    return "";
+  }
+  return python;
+}
+
+std::string run_python(const std::string& script, const std::string& arguments) {
+  std::string why;
+  const std::string python = reference_python({}, &why);
+  if (python.empty()) throw std::runtime_error(why);
+  TempDir scratch;
+  const std::string out = scratch.file("stdout"), err = scratch.file("stderr");
+  const std::string command = test::quoted(python) + " " + test::quoted(std::string(VIT_TEST_SOURCE) + "/" + script) + " " +
+                              arguments + " >" + test::quoted(out) + " 2>" + test::quoted(err);
+  const int raw = std::system(command.c_str());
+  if (!WIFEXITED(raw) || WEXITSTATUS(raw) != 0) {
+    throw std::runtime_error(script + " " + arguments + " failed:\n" + slurp(err));
+  }
+  return slurp(out);
+}
+
 std::string write_tiny32_config(const TempDir& dir) {
   const std::string path = dir.file("tiny32.json");
   write_bytes(path, R"({

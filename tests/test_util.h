@@ -5,6 +5,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -24,6 +25,14 @@
 // Multi-process and collective tests need c10d; a build configured without it says so instead of failing.
 #define SKIP_WITHOUT_C10D() \
   if (!VIT_WITH_DISTRIBUTED) GTEST_SKIP() << "built with VIT_WITH_DISTRIBUTED=OFF: no c10d to test"
+
+// Tests that compare with the real reference libraries skip with a visible reason where they are not installed
+// (PyPI unreachable during set-up); scripts/setup.sh installs them for scripts/test.sh.
+#define SKIP_WITHOUT_PYTHON(...)                                                         \
+  {                                                                                      \
+    std::string why_;                                                                    \
+    if (::vit::test::reference_python({__VA_ARGS__}, &why_).empty()) GTEST_SKIP() << why_; \
+  }
 
 namespace vit {
 class Communicator;
@@ -79,6 +88,15 @@ struct CommandResult {
 };
 // Runs `vit <arguments>` (arguments are passed to /bin/sh, quote as needed).
 CommandResult run_vit(const std::string& arguments);
+
+// The reference Python: the project's virtual environment (.venv/ or $VIT_VENV, made by scripts/setup.sh with
+// VIT_SETUP_TEST_EXTRAS=1, which installs timm, transformers, onnx and onnxruntime from PyPI), or $VIT_TEST_PYTHON.
+// Empty, with the reason in *why, when it is missing or cannot import one of `modules`.
+std::string reference_python(const std::vector<std::string>& modules, std::string* why);
+
+// Runs the reference Python on tests/`script` with `arguments` (passed to /bin/sh, quote as needed); throws with its
+// stderr when it fails. Returns its stdout.
+std::string run_python(const std::string& script, const std::string& arguments);
 
 // The model and preprocessing of tests/data/tiny32/weights.safetensors (a timm file without metadata) as a config
 // file in `dir`, for --config; returns its path.
