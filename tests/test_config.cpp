@@ -88,8 +88,8 @@ const char* const kEveryKey = R"({
             "class_token": false, "global_pool": "avg", "drop_rate": 0.1, "attn_drop_rate": 0.2,
             "proj_drop_rate": 0.3, "drop_path_rate": 0.4, "init_values": 0.001, "layer_norm_eps": 1e-5,
             "rel_pos_bias": true},
-  "data": {"mean": [0.25], "std": [0.75], "interpolation": "bilinear", "crop_pct": 0.875, "format": "csv",
-           "root": "r", "train_dir": "td", "val_dir": "vd", "test_dir": "sd", "train_csv": "t.csv",
+  "data": {"mean": [0.25], "std": [0.75], "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "squash",
+           "format": "csv", "root": "r", "train_dir": "td", "val_dir": "vd", "test_dir": "sd", "train_csv": "t.csv",
            "val_csv": "v.csv", "test_csv": "s.csv", "val_fraction": 0.2, "train_subset": 100, "val_subset": 50,
            "num_workers": 3, "prefetch_batches": 7, "on_bad_image": "skip",
            "augment": {"random_resized_crop": true, "scale": [0.2, 0.9], "ratio": [0.5, 2.0], "pad_crop": 4,
@@ -124,7 +124,8 @@ TEST(ConfigRoundTrip, EveryKeyWithANonDefaultValueSurvivesToJson) {
   std::sort(listed.begin(), listed.end());
   EXPECT_EQ(leaf_keys(written), listed) << "config_keys() and this test's document list different keys";
   // Non-default: every value differs from the default config's (else a dropped field would go unnoticed).
-  const json defaults = to_json(Config{});
+  const Config default_config;
+  const json defaults = to_json(default_config);
   for (const auto& key : leaf_keys(written)) {
     const json::json_pointer pointer("/" + std::regex_replace(key, std::regex("\\."), "/"));
     if (key == "model.preset") continue;  // no default to differ from

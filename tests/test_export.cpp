@@ -291,13 +291,24 @@ TEST(ExportView, CentreCropWindowAsPreprocessComputesIt) {
   EXPECT_DOUBLE_EQ(view.bottom, 240.0 / 256);
   EXPECT_DOUBLE_EQ(view.left, 81.0 / 386);
   EXPECT_DOUBLE_EQ(view.right, 305.0 / 386);
-  // Rectangular 32 x 48 target: (floor(32 / .875), floor(48 / .875)) = (36, 54), offsets 2 and 3.
+  // Rectangular 32 x 48 target: (floor(32 / .875), floor(48 / .875)) = (36, 54). crop_mode center keeps the square
+  // image square, scaled until both sides cover that (timm's ResizeKeepRatio): 54 x 54, offsets 11 and 3.
   const auto rect = model_view(100, 100, p, 32, 48);
-  EXPECT_DOUBLE_EQ(rect.top, 2.0 / 36);
+  EXPECT_DOUBLE_EQ(rect.top, 11.0 / 54);
   EXPECT_DOUBLE_EQ(rect.left, 3.0 / 54);
   EXPECT_DOUBLE_EQ(rect.right, 51.0 / 54);
+  // crop_mode squash resizes to (36, 54) itself: offsets 2 and 3.
+  p.crop_mode = CropMode::squash;
+  const auto squashed = model_view(100, 100, p, 32, 48);
+  EXPECT_DOUBLE_EQ(squashed.top, 2.0 / 36);
+  EXPECT_DOUBLE_EQ(squashed.left, 3.0 / 54);
+  // At crop_pct 1, squash sees the whole image; center (timm's default) the middle square of a landscape photo.
   p.crop_pct = 1.0;
   EXPECT_TRUE(model_view(477, 720, p, 224, 224).whole());
+  p.crop_mode = CropMode::center;
+  const auto middle = model_view(477, 720, p, 224, 224);
+  EXPECT_DOUBLE_EQ(middle.top, 0.0);
+  EXPECT_NEAR(middle.left, (338 - 224) / 2.0 / 338, 1e-12);  // 224 x int(224 * 720 / 477) = 338
 
   // The heatmap covers the window only; outside, the image is dimmed to half brightness.
   const cv::Mat image(477, 720, CV_8UC3, cv::Scalar(200, 100, 50));

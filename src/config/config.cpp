@@ -155,25 +155,60 @@ void check_range(double v, double lo, double hi, bool hi_open, const std::string
 
 }  // namespace
 
+namespace {
+// timm's plain ViT sizes: (width, depth, heads); MLP ratio 4 throughout.
+struct PlainSize {
+  const char* name;
+  int64_t embed_dim, depth, num_heads;
+};
+constexpr PlainSize kPlainSizes[] = {
+    {"tiny", 192, 12, 3}, {"small", 384, 12, 6}, {"base", 768, 12, 12}, {"large", 1024, 24, 16}, {"huge", 1280, 32, 16}};
+constexpr int64_t kPlainPatches[] = {8, 14, 16, 32};
+
+// "224" -> 224; -1 unless all digits.
+int64_t parse_count(const std::string& text) {
+  if (text.empty() || text.size() > 5 || text.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(text);
+}
+}  // namespace
+
 std::vector<std::string> preset_names() {
-  return {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224"};
+  std::vector<std::string> names;
+  for (const auto& size : kPlainSizes) {
+    for (int64_t patch : kPlainPatches) {
+      for (int res : {224, 384}) {
+        if (res % patch != 0) continue;
+        names.push_back(std::string("vit_") + size.name + "_patch" + std::to_string(patch) + "_" + std::to_string(res));
+      }
+    }
+  }
+  return names;
 }
 
 ModelConfig model_preset(const std::string& name) {
+  // vit_{size}_patch{P}_{resolution}: timm's plain ViT names (its other variants change more than sizes).
   ModelConfig m;
   m.preset = name;
-  if (name == "vit_tiny_patch16_224") {
-    m.embed_dim = 192, m.depth = 12, m.num_heads = 3;
-  } else if (name == "vit_small_patch16_224") {
-    m.embed_dim = 384, m.depth = 12, m.num_heads = 6;
-  } else if (name == "vit_base_patch16_224") {
-    m.embed_dim = 768, m.depth = 12, m.num_heads = 12;
-  } else if (name == "vit_large_patch16_224") {
-    m.embed_dim = 1024, m.depth = 24, m.num_heads = 16;
-  } else {
-    std::string list;
-    for (const auto& p : preset_names()) list += (list.empty() ? "" : ", ") + p;
-    throw std::invalid_argument("unknown model preset \"" + name + "\" (known: " + list + ")");
+  const std::string prefix = "vit_";
+  const auto patch_at = name.find("_patch");
+  const auto res_at = patch_at == std::string::npos ? std::string::npos : name.find('_', patch_at + 6);
+  bool known = false;
+  if (name.rfind(prefix, 0) == 0 && res_at != std::string::npos) {
+    const std::string size = name.substr(prefix.size(), patch_at - prefix.size());
+    const int64_t patch = parse_count(name.substr(patch_at + 6, res_at - patch_at - 6));
+    const int64_t res = parse_count(name.substr(res_at + 1));
+    for (const auto& s : kPlainSizes) {
+      if (size == s.name && patch > 0 && res > 0 && res % patch == 0) {
+        m.embed_dim = s.embed_dim, m.depth = s.depth, m.num_heads = s.num_heads;
+        m.patch_size = patch, m.img_h = m.img_w = res;
+        known = true;
+      }
+    }
+  }
+  if (!known) {
+    throw std::invalid_argument("unknown model preset \"" + name +
+                                "\" (known: timm's plain ViT names vit_{tiny,small,base,large,huge}_patch{8,14,16,32}"
+                                "_{224,384}, e.g. vit_base_patch16_224)");
   }
   return m;
 }
@@ -222,7 +257,7 @@ void visit_model(Model& m, Visitor& v) {
 
 template <typename P, typename Visitor>
 void visit_preprocess(P& p, Visitor& v) {
-  VIT_VISIT_FIELDS(v, p, mean, std, interpolation, crop_pct);
+  VIT_VISIT_FIELDS(v, p, mean, std, interpolation, crop_pct, crop_mode);
 }
 
 template <typename A, typename Visitor>
@@ -234,7 +269,7 @@ void visit_augment(A& a, Visitor& v) {
 
 template <typename D, typename Visitor>
 void visit_data(D& d, Visitor& v) {
-  visit_preprocess(d.preprocess, v);  // mean/std/interpolation/crop_pct sit directly under "data"
+  visit_preprocess(d.preprocess, v);  // mean/std/interpolation/crop_pct/crop_mode sit directly under "data"
   VIT_VISIT_FIELDS(v, d,
                    format, root, train_dir, val_dir, test_dir, train_csv, val_csv, test_csv, val_fraction,
                    train_subset, val_subset, num_workers, prefetch_batches, on_bad_image);

@@ -17,6 +17,10 @@ namespace vit {
 
 enum class Interpolation { bilinear, bicubic };
 VIT_ENUM_NAMES(Interpolation, "bilinear", "bicubic");
+// Evaluation resize before the centre crop, as timm's crop_mode: center keeps the aspect ratio (shorter side to
+// size / crop_pct); squash resizes both sides to size / crop_pct (Hugging Face's ViTImageProcessor, timm's 384 models).
+enum class CropMode { center, squash };
+VIT_ENUM_NAMES(CropMode, "center", "squash");
 enum class DataFormat { folder, csv, mnist, fashion_mnist, cifar10, cifar100 };
 VIT_ENUM_NAMES(DataFormat, "folder", "csv", "mnist", "fashion_mnist", "cifar10", "cifar100");
 // What a dataset image that cannot be decoded does: stop the run, or leave it out (and list it at the end).
@@ -34,7 +38,9 @@ struct Preprocess {
   std::vector<double> mean = {0.5, 0.5, 0.5};  // per channel, on [0, 1] pixels
   std::vector<double> std = {0.5, 0.5, 0.5};   // per channel
   Interpolation interpolation = Interpolation::bicubic;  // resize filter (PIL's, as timm uses it)
-  double crop_pct = 1.0;  // eval: resize shorter side to size/crop_pct, centre crop; 1.0 = plain resize
+  // Evaluation geometry, as timm's eval transform: resize to floor(size / crop_pct), then centre crop to the size.
+  double crop_pct = 1.0;                  // fraction of the resized image the centre crop keeps, (0, 1]
+  CropMode crop_mode = CropMode::center;  // center: keep the aspect ratio (shorter side); squash: both sides
 };
 
 // Training-time augmentation; everything off by default.
@@ -54,7 +60,7 @@ struct AugmentConfig {
 };
 
 struct DataConfig {
-  Preprocess preprocess;        // keys mean/std/interpolation/crop_pct live directly under "data"
+  Preprocess preprocess;        // keys mean/std/interpolation/crop_pct/crop_mode live directly under "data"
   DataFormat format = DataFormat::fashion_mnist;  // folder | csv | mnist | fashion_mnist | cifar10 | cifar100
   std::string root;             // dataset root (default for mnist-like: Debian's install location)
   std::string train_dir;        // folder: training root (default root/train, or root with val_fraction)

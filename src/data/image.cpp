@@ -1,5 +1,5 @@
 // Channel conversion, resize, crop and the shared evaluation preprocessing on 8-bit HWC images.
-// Per-pixel work is plain loops (the loader calls this thousands of times a second); torch only resizes.
+// Per-pixel work is plain loops (the loader calls this thousands of times a second), resizing included (PIL's).
 #include "data/image.h"
 
 #include <algorithm>
@@ -51,34 +51,121 @@ RawImage convert_channels(const RawImage& image, int64_t channels) {
   return out;
 }
 
+namespace {
+
+// PIL's resampling (Image.resize without reducing_gap, as torchvision and Hugging Face call it), reproduced
+// operation for operation so that 8-bit results equal PIL's: separable filters widened by the scale when shrinking,
+// weights normalised in double then stored in 22-bit fixed point, a horizontal pass rounded to 8 bits, then a
+// vertical one. Doing both passes in float and rounding once (torch's antialiased interpolate) differs from PIL by
+// one level on some pixels.
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
+double filter_weight(Interpolation interpolation, double x) {
+  x = std::abs(x);
+  if (interpolation == Interpolation::bilinear) return x < 1.0 ? 1.0 - x : 0.0;
+  constexpr double a = -0.5;  // PIL's bicubic
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+  if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+  return 0.0;
+}
+
+// For each output position: the first input index, the number of taps, and their fixed-point weights.
+struct Taps {
+  int64_t ksize = 0;
+  std::vector<int64_t> first, count;
+  std::vector<int32_t> weights;  // (out_size, ksize)
+};
+
+Taps precompute_taps(int64_t in_size, int64_t out_size, Interpolation interpolation) {
+  const double support_base = interpolation == Interpolation::bilinear ? 1.0 : 2.0;
+  const double scale = static_cast<double>(in_size) / static_cast<double>(out_size);
+  const double filterscale = scale < 1.0 ? 1.0 : scale;
+  const double support = support_base * filterscale;
+  Taps taps;
+  taps.ksize = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
+  taps.first.resize(out_size), taps.count.resize(out_size);
+  taps.weights.assign(out_size * taps.ksize, 0);
+  std::vector<double> k(taps.ksize);
+  for (int64_t xx = 0; xx < out_size; ++xx) {
+    const double center = (static_cast<double>(xx) + 0.5) * scale;
+    const double ss = 1.0 / filterscale;
+    int64_t xmin = static_cast<int>(center - support + 0.5);  // C's truncation, as PIL
+    if (xmin < 0) xmin = 0;
+    int64_t xmax = static_cast<int>(center + support + 0.5);
+    if (xmax > in_size) xmax = in_size;
+    xmax -= xmin;
+    double ww = 0.0;
+    for (int64_t x = 0; x < xmax; ++x) {
+      const double w = filter_weight(interpolation, (static_cast<double>(x + xmin) - center + 0.5) * ss);
+      k[x] = w;
+      ww += w;
+    }
+    for (int64_t x = 0; x < xmax; ++x) {
+      const double v = ww != 0.0 ? k[x] / ww : k[x];
+      const double fixed = v * static_cast<double>(1 << kPrecisionBits);
+      taps.weights[xx * taps.ksize + x] = static_cast<int32_t>(v < 0 ? -0.5 + fixed : 0.5 + fixed);
+    }
+    taps.first[xx] = xmin, taps.count[xx] = xmax;
+  }
+  return taps;
+}
+
+inline uint8_t clip8(int64_t v) {
+  v >>= kPrecisionBits;
+  return static_cast<uint8_t>(v < 0 ? 0 : v > 255 ? 255 : v);
+}
+
+}  // namespace
+
 RawImage resize_image(const RawImage& image, int64_t height, int64_t width, Interpolation interpolation) {
-  namespace F = torch::nn::functional;
   check_image(image, "resize_image");
   if (height <= 0 || width <= 0) {
     throw std::invalid_argument("resize_image: bad target size " + std::to_string(height) + "x" +
                                 std::to_string(width));
   }
-  F::InterpolateFuncOptions options;
-  if (interpolation == Interpolation::bilinear) {
-    options.mode(torch::kBilinear);
-  } else {
-    options.mode(torch::kBicubic);
-  }
-  // Antialiasing in both directions: the _aa kernels are PIL's (bicubic a = -0.5, filter widened by the scale when
-  // shrinking), which is what timm's PIL pipeline computes; torch's plain bicubic (a = -0.75) would not match.
-  options.size(std::vector<int64_t>{height, width}).align_corners(false).antialias(true);
-
   const int64_t C = image.channels;
-  const torch::Tensor hwc = torch::from_blob(const_cast<uint8_t*>(image.pixels.data()),
-                                             {image.height, image.width, C}, torch::kUInt8);
-  const torch::Tensor input = hwc.permute({2, 0, 1}).unsqueeze(0).to(torch::kFloat32);  // (1, C, H, W)
-  torch::Tensor resized = F::interpolate(input, options);                                // (1, C, h, w)
-  // PIL rounds to nearest when storing 8-bit results.
-  resized = resized.clamp(0, 255).round().to(torch::kUInt8).squeeze(0).permute({1, 2, 0}).contiguous();  // (h, w, C)
+  const Taps vertical = precompute_taps(image.height, height, interpolation);
+  // The horizontal pass covers only the rows the vertical pass reads, as PIL's.
+  const int64_t row_first = vertical.first[0];
+  const int64_t row_last = vertical.first[height - 1] + vertical.count[height - 1];
+
+  RawImage current = image;
+  int64_t row_offset = 0;
+  if (width != image.width) {
+    const Taps taps = precompute_taps(image.width, width, interpolation);
+    RawImage out{row_last - row_first, width, C, {}};
+    out.pixels.resize(out.height * width * C);
+    for (int64_t y = 0; y < out.height; ++y) {
+      const uint8_t* row = image.pixels.data() + (y + row_first) * image.width * C;
+      uint8_t* dst = out.pixels.data() + y * width * C;
+      for (int64_t xx = 0; xx < width; ++xx) {
+        const int32_t* k = taps.weights.data() + xx * taps.ksize;
+        const uint8_t* src = row + taps.first[xx] * C;
+        for (int64_t c = 0; c < C; ++c) {
+          int64_t ss = 1 << (kPrecisionBits - 1);
+          for (int64_t x = 0; x < taps.count[xx]; ++x) ss += static_cast<int64_t>(src[x * C + c]) * k[x];
+          dst[xx * C + c] = clip8(ss);
+        }
+      }
+    }
+    current = std::move(out);
+    row_offset = row_first;
+  }
+  if (height == image.height) return current;
 
   RawImage out{height, width, C, {}};
   out.pixels.resize(height * width * C);
-  std::memcpy(out.pixels.data(), resized.data_ptr<uint8_t>(), out.pixels.size());
+  const int64_t stride = width * C;
+  for (int64_t yy = 0; yy < height; ++yy) {
+    const int32_t* k = vertical.weights.data() + yy * vertical.ksize;
+    const uint8_t* src = current.pixels.data() + (vertical.first[yy] - row_offset) * stride;
+    uint8_t* dst = out.pixels.data() + yy * stride;
+    for (int64_t i = 0; i < stride; ++i) {
+      int64_t ss = 1 << (kPrecisionBits - 1);
+      for (int64_t y = 0; y < vertical.count[yy]; ++y) ss += static_cast<int64_t>(src[y * stride + i]) * k[y];
+      dst[i] = clip8(ss);
+    }
+  }
   return out;
 }
 
@@ -132,13 +219,18 @@ Normalizer::Normalizer(const Preprocess& preprocess, int64_t channels) : channel
 }
 
 ResizeShape eval_resize_shape(int64_t image_h, int64_t image_w, const Preprocess& p, int64_t height, int64_t width) {
-  if (p.crop_pct >= 1.0) return {height, width};
+  const auto scale = static_cast<int64_t>(std::floor(static_cast<double>(height) / p.crop_pct));
+  const auto scale_w = static_cast<int64_t>(std::floor(static_cast<double>(width) / p.crop_pct));
+  if (p.crop_mode == CropMode::squash) return {scale, scale_w};
   if (height != width) {
-    return {static_cast<int64_t>(std::floor(static_cast<double>(height) / p.crop_pct)),
-            static_cast<int64_t>(std::floor(static_cast<double>(width) / p.crop_pct))};
+    // timm's ResizeKeepRatio(longest=0): the side that needs the least shrinking fits, the other keeps the aspect
+    // ratio; Python's round (ties to even).
+    const double ratio = std::min(static_cast<double>(image_h) / static_cast<double>(scale),
+                                  static_cast<double>(image_w) / static_cast<double>(scale_w));
+    return {static_cast<int64_t>(std::nearbyint(static_cast<double>(image_h) / ratio)),
+            static_cast<int64_t>(std::nearbyint(static_cast<double>(image_w) / ratio))};
   }
   // torchvision Resize(int): the shorter side becomes `scale`, the longer one int(scale * long / short).
-  const auto scale = static_cast<int64_t>(std::floor(static_cast<double>(height) / p.crop_pct));
   const auto longer = [&](int64_t a, int64_t b) {
     return static_cast<int64_t>(static_cast<double>(scale) * static_cast<double>(a) / static_cast<double>(b));
   };

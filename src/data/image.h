@@ -25,8 +25,8 @@ void check_image(const RawImage& image, const std::string& what);
 // PIL's 16-bit fixed point, rounded); 4->3 drops alpha; k->k is a copy. Other pairs throw naming both counts.
 RawImage convert_channels(const RawImage& image, int64_t channels);
 
-// Resizes with torch's interpolate ("bilinear" or "bicubic", align_corners=false, antialiased: PIL's kernels) on
-// float pixels, then clamps to [0, 255] and rounds back to 8 bits as PIL does.
+// Resizes exactly as PIL's Image.resize with BILINEAR or BICUBIC (antialiased, fixed-point, horizontal then vertical
+// pass, each rounded to 8 bits): the results equal what timm's and Hugging Face's PIL pipelines compute.
 RawImage resize_image(const RawImage& image, int64_t height, int64_t width, Interpolation interpolation);
 
 // The window [top, top + height) x [left, left + width); throws when it is not inside the image.
@@ -38,9 +38,10 @@ int64_t centre_crop_offset(int64_t size, int64_t crop);
 
 // The evaluation geometry, the one place it is computed (preprocess() and export-attention's crop window use it):
 // the size an image_h x image_w image is resized to before the centre crop to height x width.
-// crop_pct == 1: (height, width), a plain resize. crop_pct < 1, square target: the shorter side becomes
-// floor(size / crop_pct) and the other keeps the aspect ratio (timm/torchvision Resize(int)); rectangular target:
-// (floor(H / crop_pct), floor(W / crop_pct)).
+// As timm's eval transform: crop_mode center with a square target: the shorter side becomes floor(size / crop_pct)
+// and the other keeps the aspect ratio (torchvision Resize(int); at crop_pct 1 the centre crop then takes the middle
+// square); crop_mode squash: (floor(H / crop_pct), floor(W / crop_pct)); crop_mode center with a rectangular target:
+// the image scaled by one factor until both sides cover those sizes (timm's ResizeKeepRatio).
 struct ResizeShape {
   int64_t height = 0, width = 0;
 };

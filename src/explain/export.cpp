@@ -118,7 +118,6 @@ cv::Rect ModelView::in(cv::Size size) const {
 }
 
 ModelView model_view(int64_t image_h, int64_t image_w, const Preprocess& preprocess, int64_t height, int64_t width) {
-  if (preprocess.crop_pct >= 1.0) return {};
   const auto [resize_h, resize_w] = eval_resize_shape(image_h, image_w, preprocess, height, width);  // as preprocess()
   const int64_t top = centre_crop_offset(resize_h, height), left = centre_crop_offset(resize_w, width);
   ModelView view;
