@@ -136,8 +136,8 @@ void setup_export_attention(CLI::App& app, int& status) {
   auto* command = app.add_subcommand(
       "export-attention",
       "Export attention maps, attention/gradient rollout, overlays and an HTML gallery for images (files or folders)");
-  command->add_option("--checkpoint", options->checkpoint, "model file (default: the latest run's best model)")
-      ->check(CLI::ExistingFile);
+  command->add_option("--checkpoint", options->checkpoint, "model file or timm / Hugging Face snapshot folder (default: the latest run's best model)")
+      ->check(CLI::ExistingPath);
   add_config_args(command, options->config);
   command->add_option("--out", options->out, "output directory: DIR/<image stem>/ per image, DIR/index.html")
       ->required();

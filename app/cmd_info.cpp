@@ -23,11 +23,13 @@ int run_info(const InfoOptions& options) {
   std::vector<std::string> classes;
   int64_t params = 0;
   std::string source;
+  std::vector<std::pair<std::string, std::string>> sources;
   if (!options.checkpoint.empty()) {
     auto loaded = load_model_args(options.checkpoint, options.config);
     model = loaded.model, preprocess = loaded.preprocess, classes = loaded.class_names;
     params = count_parameters(*loaded.net);
     source = loaded.path;
+    sources = loaded.sources;
   } else {
     const auto config = load_config_args(options.config);
     if (!config) throw std::invalid_argument("vit info needs --checkpoint FILE or --config FILE");
@@ -45,12 +47,14 @@ int run_info(const InfoOptions& options) {
     nlohmann::json out{{"source", source},           {"model", to_json(model)},  {"preprocess", to_json(preprocess)},
                        {"parameters", params},       {"gmacs", gmacs},           {"layers", layers}};
     if (!classes.empty()) out["class_names"] = classes;
+    for (const auto& [part, from] : sources) out["sources"][part] = from;
     std::cout << out.dump(2) << "\n";
     return kOk;
   }
   std::cout << "source      " << source << "\n"
             << "model       " << to_json(model).dump() << "\n"
             << "preprocess  " << to_json(preprocess).dump() << "\n";
+  for (const auto& [part, from] : sources) std::printf("  %-11s from %s\n", part.c_str(), from.c_str());
   if (!classes.empty()) {
     std::cout << "classes     " << classes.size() << ":";
     for (size_t i = 0; i < classes.size() && i < 10; ++i) std::cout << " " << classes[i];
@@ -74,7 +78,8 @@ int run_info(const InfoOptions& options) {
 void setup_info(CLI::App& app, int& status) {
   auto options = std::make_shared<InfoOptions>();
   auto* command = app.add_subcommand("info", "Show a model's config, parameter count, GMACs and layers");
-  command->add_option("--checkpoint", options->checkpoint, "model file (.safetensors)")->check(CLI::ExistingFile);
+  command->add_option("--checkpoint", options->checkpoint, "model file or timm / Hugging Face snapshot folder")
+      ->check(CLI::ExistingPath);
   add_config_args(command, options->config);
   command->add_flag("--json", options->json, "print one JSON object");
   command->callback([options, &status] { status = run_info(*options); });

@@ -74,8 +74,8 @@ void setup_train(CLI::App& app, int& status) {
   add_config_args(command, options->config);
   command->add_option("--out", options->out, "run directory (default: <train.output_root>/<config>-<time>)");
   command->add_option("--resume", options->resume, "continue this run directory exactly")->check(CLI::ExistingDirectory);
-  command->add_option("--init-from", options->init_from, "fine-tune from a model file (ours or timm's)")
-      ->check(CLI::ExistingFile);
+  command->add_option("--init-from", options->init_from, "fine-tune from a model file (ours or timm's) or a timm / Hugging Face snapshot folder")
+      ->check(CLI::ExistingPath);
   command->callback([options, &status] { status = run_train(*options); });
 }
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "io/snapshot.h"
 
 namespace vit {
 using nlohmann::json;
@@ -110,7 +111,74 @@ json metadata_json(const std::map<std::string, std::string>& metadata, const std
 
 }  // namespace
 
+namespace {
+
+// For each of our tensor names, the snapshot tensors it is made of (one, or HF's query, key and value stacked).
+struct SnapshotWeights {
+  const safetensors::File file;
+  std::map<std::string, std::vector<const safetensors::TensorInfo*>> parts;
+
+  explicit SnapshotWeights(const Snapshot& snapshot) : file(snapshot.weights) {
+    std::vector<std::string> names;
+    for (const auto& info : file.tensors()) names.push_back(info.name);
+    for (const auto& [ours, theirs] : snapshot_names(snapshot.kind, names, snapshot.weights)) {
+      for (const auto& name : theirs) parts[ours].push_back(file.find(name));
+    }
+  }
+  // Our name -> shape (stacked parts along dim 0); a stack of mismatched parts fails naming them.
+  std::map<std::string, std::vector<int64_t>> shapes() const {
+    std::map<std::string, std::vector<int64_t>> out;
+    for (const auto& [ours, infos] : parts) {
+      std::vector<int64_t> shape = infos[0]->shape;
+      for (size_t i = 1; i < infos.size(); ++i) {
+        auto rest = infos[i]->shape;
+        if (rest.empty() || shape.empty() || std::vector<int64_t>(rest.begin() + 1, rest.end()) !=
+                                                 std::vector<int64_t>(shape.begin() + 1, shape.end())) {
+          throw std::runtime_error(file.path() + ": " + infos[0]->name + " and " + infos[i]->name +
+                                   " have shapes that do not stack into " + ours);
+        }
+        shape[0] += rest[0];
+      }
+      out[ours] = shape;
+    }
+    return out;
+  }
+  void read_into(const std::string& ours, torch::Tensor target) const {
+    int64_t row = 0;
+    for (const auto* info : parts.at(ours)) {
+      const int64_t rows = info->shape.empty() ? 1 : info->shape[0];
+      file.read_into(*info, parts.at(ours).size() == 1 ? target : target.narrow(0, row, rows));
+      row += rows;
+    }
+  }
+};
+
+}  // namespace
+
 LoadedModel load_model(const std::string& path, const std::optional<Config>& fallback) {
+  if (is_snapshot_dir(path)) {
+    const Snapshot snapshot = read_snapshot(path);
+    LoadedModel out;
+    out.path = path;
+    out.model = snapshot.model;
+    out.preprocess = snapshot.preprocess;
+    out.class_names = snapshot.class_names;
+    out.sources = snapshot.sources;
+    out.sources.emplace_back("weights", snapshot.weights);
+    if (out.class_names.empty()) {
+      out.class_names = numbered_classes(out.model.num_classes);
+      out.sources.emplace_back("class_names", "numbered (the snapshot names none)");
+    }
+    out.net = VisionTransformer(out.model, Init::none);
+    const SnapshotWeights weights(snapshot);
+    auto targets = model_targets(out.net);
+    check_names_and_shapes(targets, weights.shapes(), snapshot.weights);
+    torch::NoGradGuard no_grad;
+    for (auto& [name, target] : targets) weights.read_into(name, target);
+    out.net->eval();
+    return out;
+  }
+  refuse_pickle(path);
   // Tensor by tensor from the file into the weights: the file's bytes are never held in memory beside them.
   const safetensors::File file(path);
   const auto& metadata = file.metadata();
@@ -129,16 +197,21 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
     const json names = metadata_json(metadata, "class_names", path);
     if (!names.is_array()) throw std::runtime_error(path + ": metadata class_names is not an array");
     for (const auto& n : names) out.class_names.push_back(n.is_string() ? n.get<std::string>() : n.dump());
+    for (const char* part : {"model", "preprocess", "class_names"}) out.sources.emplace_back(part, "the file's metadata");
   } else if (fallback) {
     out.model = fallback->model;
     out.preprocess = fallback->data.preprocess;
+    for (const char* part : {"model", "preprocess"}) out.sources.emplace_back(part, "--config (the file has no vit metadata)");
   } else {
     throw std::runtime_error(path +
-                             ": no vit metadata (a plain timm file?): pass --config with the model and preprocessing");
+                             ": no vit metadata (a plain timm file?): pass --config with the model and preprocessing, "
+                             "or the timm snapshot folder it came from");
   }
   if (static_cast<int64_t>(out.class_names.size()) != out.model.num_classes) {
     out.class_names = numbered_classes(out.model.num_classes);
+    if (!out.has_metadata) out.sources.emplace_back("class_names", "numbered");
   }
+  out.sources.emplace_back("weights", path);
   out.net = VisionTransformer(out.model, Init::none);
   auto targets = model_targets(out.net);
   std::map<std::string, std::vector<int64_t>> shapes;
@@ -151,8 +224,26 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
 }
 
 std::vector<std::string> load_for_finetune(const std::string& path, VisionTransformer& net) {
-  const auto archive = safetensors::read(path);
-  auto tensors = all_tensors(archive);
+  std::map<std::string, torch::Tensor> tensors;
+  std::optional<ModelConfig> trained;  // the source's architecture, when it says (for its grid)
+  if (is_snapshot_dir(path)) {
+    const Snapshot snapshot = read_snapshot(path);
+    trained = snapshot.model;
+    const SnapshotWeights weights(snapshot);
+    for (const auto& [name, shape] : weights.shapes()) {
+      auto tensor = torch::empty(shape, torch::kFloat32);
+      weights.read_into(name, tensor);
+      tensors[name] = tensor;
+    }
+  } else {
+    refuse_pickle(path);
+    const auto archive = safetensors::read(path);
+    tensors = all_tensors(archive);
+    auto format = archive.metadata.find("format");
+    if (format != archive.metadata.end() && format->second == kModelFormat) {
+      trained = parse_model_config(metadata_json(archive.metadata, "model", path), path + " (metadata)");
+    }
+  }
   std::vector<std::string> adapted;
   const auto& config = net->config();
   // A different class count: keep the freshly initialised head.
@@ -169,11 +260,7 @@ std::vector<std::string> load_for_finetune(const std::string& path, VisionTransf
     const int64_t old_patches = pos->second.size(1) - prefix;
     int64_t old_h = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(old_patches))));
     int64_t old_w = old_h;
-    auto format = archive.metadata.find("format");
-    if (format != archive.metadata.end() && format->second == kModelFormat) {
-      const auto trained = parse_model_config(metadata_json(archive.metadata, "model", path), path + " (metadata)");
-      old_h = trained.grid_h(), old_w = trained.grid_w();
-    }
+    if (trained) old_h = trained->grid_h(), old_w = trained->grid_w();
     if (old_h * old_w != old_patches) {
       throw std::runtime_error(path + ": pos_embed with " + std::to_string(old_patches) +
                                " patches is not a square grid; cannot infer its size");

@@ -22,17 +22,21 @@ struct LoadedModel {
   std::vector<std::string> class_names;  // size num_classes
   std::string path;
   bool has_metadata = false;  // false for a plain timm file (config came from --config)
+  // Where the model, the preprocessing and the class names came from, for `vit info`: ("model", "..."), ...
+  std::vector<std::pair<std::string, std::string>> sources;
 };
 
 // Writes the model's state dict (float32, timm names) and our metadata atomically.
 void save_model(const std::string& path, VisionTransformer& net, const Preprocess& preprocess,
                 const std::vector<std::string>& class_names, const std::map<std::string, std::string>& extra = {});
 
-// Rebuilds a model from a file alone; a plain timm file needs `fallback` (from --config) for the architecture
-// and preprocessing. Missing/unexpected tensors and wrong shapes are listed by name in the error.
+// Rebuilds a model from a file or a snapshot folder alone: our own file, or a timm or Hugging Face snapshot folder
+// (io/snapshot.h: config and preprocessing from its JSON files, `fallback` unused). A plain timm file needs
+// `fallback` (from --config) for the architecture and preprocessing. Half-precision tensors load into float32. A
+// pickle checkpoint is refused, never unpickled. Missing/unexpected tensors and wrong shapes are listed by name.
 LoadedModel load_model(const std::string& path, const std::optional<Config>& fallback = std::nullopt);
 
-// Copies the tensors of `path` into `net` for fine-tuning: the head is left as initialised when its class count
+// Copies the tensors of `path` (a model file or a snapshot folder) into `net` for fine-tuning: the head is left as initialised when its class count
 // differs, the position embedding is resampled when the grid differs. Returns what was adapted (for the log).
 std::vector<std::string> load_for_finetune(const std::string& path, VisionTransformer& net);
 

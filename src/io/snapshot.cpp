@@ -1,0 +1,669 @@
+// timm and Hugging Face snapshot folders: their JSON files to our configs and back, their tensor names to ours.
+#include "io/snapshot.h"
+
+#include <sys/stat.h>
+
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "util/fs.h"
+
+namespace vit {
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& file, const std::string& what) { throw std::runtime_error(file + ": " + what); }
+
+json read_json(const std::string& path) {
+  const json doc = json::parse(read_file(path), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) fail(path, "not a JSON object");
+  return doc;
+}
+
+std::string show(const json& value) { return value.dump(); }
+std::string num(double value) { return json(value).dump(); }
+
+// The value at `key` as T, or `fallback` when absent or null; a wrong type fails naming the key.
+template <typename T>
+T get_or(const json& doc, const std::string& key, const T& fallback, const std::string& file) {
+  auto it = doc.find(key);
+  if (it == doc.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    fail(file, key + ": " + show(*it) + " has the wrong type");
+  }
+}
+
+const char* const kPickleNames[] = {"pytorch_model.bin", "model.bin", "open_clip_pytorch_model.bin", "model.pth",
+                                    "checkpoint.pth", "model.pt"};
+
+bool starts_like_pickle(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[4] = {};
+  in.read(head, 4);
+  if (in.gcount() < 2) return false;
+  // torch.save: a zip archive ("PK\3\4") or, before PyTorch 1.6, a raw pickle (protocol 2+: 0x80 then 2..5).
+  return (head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4) ||
+         (static_cast<unsigned char>(head[0]) == 0x80 && head[1] >= 2 && head[1] <= 5);
+}
+
+// The resize filter of a PIL resample code (preprocessor_config.json) or a timm interpolation name.
+Interpolation interpolation_from(const json& value, const std::string& file, const std::string& key) {
+  if (value.is_number_integer()) {
+    const int code = value.get<int>();
+    if (code == 2) return Interpolation::bilinear;
+    if (code == 3) return Interpolation::bicubic;
+    const char* names[] = {"NEAREST", "LANCZOS", "BILINEAR", "BICUBIC", "BOX", "HAMMING"};
+    fail(file, key + ": " + std::to_string(code) + " (PIL " + (code >= 0 && code <= 5 ? names[code] : "unknown") +
+                   ") is not supported; vit resizes with BILINEAR (2) or BICUBIC (3)");
+  }
+  if (value.is_string()) {
+    const auto name = value.get<std::string>();
+    if (name == "bilinear") return Interpolation::bilinear;
+    if (name == "bicubic") return Interpolation::bicubic;
+    fail(file, key + ": \"" + name + "\" is not supported; vit resizes with bilinear or bicubic");
+  }
+  fail(file, key + ": " + show(value) + " is not an interpolation");
+}
+
+// "3" -> 3 when it is a whole index below `count`, else -1.
+int64_t class_index(const std::string& key, int64_t count) {
+  if (key.empty() || key.size() > 9 || key.find_first_not_of("0123456789") != std::string::npos) return -1;
+  const int64_t index = std::stoll(key);
+  return index < count ? index : -1;
+}
+
+std::vector<double> numbers(const json& value, const std::string& file, const std::string& key) {
+  if (value.is_number()) return {value.get<double>()};
+  if (!value.is_array() || value.empty()) fail(file, key + ": " + show(value) + " is not a list of numbers");
+  std::vector<double> out;
+  for (const auto& v : value) {
+    if (!v.is_number()) fail(file, key + ": " + show(value) + " is not a list of numbers");
+    out.push_back(v.get<double>());
+  }
+  return out;
+}
+
+// ---- timm ----
+
+// model_args of timm's VisionTransformer we read, and the options we lack with the value that means "off".
+void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& file) {
+  if (!args.is_object()) fail(file, "model_args: " + show(args) + " is not an object");
+  // Options of timm's VisionTransformer that change the architecture, each accepted only at its plain-ViT value.
+  const std::map<std::string, json> plain = {
+      {"no_embed_class", false}, {"reg_tokens", 0},       {"pre_norm", false},      {"qk_norm", false},
+      {"final_norm", true},      {"dynamic_img_size", false}, {"dynamic_img_pad", false}, {"act_layer", "gelu"},
+      {"norm_layer", "layernorm"}, {"embed_layer", "PatchEmbed"}, {"block_fn", "Block"}, {"mlp_layer", "Mlp"},
+      {"patch_bias", true},      {"ignore_head", false},  {"attn_layer", "attn"},
+  };
+  // Options that do not change the weights or the inference result.
+  const std::set<std::string> harmless = {"weight_init", "fix_init", "pos_drop_rate", "patch_drop_rate",
+                                          "embed_norm_layer", "pretrained_cfg_overlay"};
+  std::optional<bool> fc_norm;
+  for (const auto& [key, value] : args.items()) {
+    const std::string where = "model_args." + key;
+    auto number = [&]() -> double {
+      if (!value.is_number()) fail(file, where + ": " + show(value) + " is not a number");
+      return value.get<double>();
+    };
+    auto count = [&]() -> int64_t {
+      if (!value.is_number_integer()) fail(file, where + ": " + show(value) + " is not an integer");
+      return value.get<int64_t>();
+    };
+    auto flag = [&]() -> bool {
+      if (!value.is_boolean()) fail(file, where + ": " + show(value) + " is not true or false");
+      return value.get<bool>();
+    };
+    if (key == "img_size") {
+      if (value.is_number_integer()) {
+        m.img_h = m.img_w = value.get<int64_t>();
+      } else if (value.is_array() && value.size() == 2 && value[0].is_number_integer() &&
+                 value[1].is_number_integer()) {
+        m.img_h = value[0].get<int64_t>(), m.img_w = value[1].get<int64_t>();
+      } else {
+        fail(file, where + ": " + show(value) + " is not a size");
+      }
+    } else if (key == "patch_size") {
+      if (value.is_array() && value.size() == 2 && value[0] == value[1]) {
+        m.patch_size = value[0].get<int64_t>();
+      } else {
+        m.patch_size = count();
+      }
+    } else if (key == "in_chans") {
+      m.in_chans = count();
+    } else if (key == "num_classes") {
+      m.num_classes = count();
+    } else if (key == "embed_dim") {
+      m.embed_dim = count();
+    } else if (key == "depth") {
+      m.depth = count();
+    } else if (key == "num_heads") {
+      m.num_heads = count();
+    } else if (key == "mlp_ratio") {
+      m.mlp_ratio = number();
+    } else if (key == "qkv_bias") {
+      m.qkv_bias = flag();
+    } else if (key == "class_token") {
+      m.class_token = flag();
+    } else if (key == "global_pool") {
+      const std::string pool = value.is_string() ? value.get<std::string>() : show(value);
+      if (pool == "token") {
+        m.global_pool = GlobalPool::token;
+      } else if (pool == "avg") {
+        m.global_pool = GlobalPool::avg;
+      } else {
+        fail(file, where + ": \"" + pool + "\" is not supported (vit pools with \"token\" or \"avg\")");
+      }
+    } else if (key == "init_values") {
+      if (value.is_null()) {
+        m.init_values.reset();
+      } else {
+        m.init_values = number();
+      }
+    } else if (key == "drop_rate") {
+      m.drop_rate = number();
+    } else if (key == "attn_drop_rate") {
+      m.attn_drop_rate = number();
+    } else if (key == "proj_drop_rate") {
+      m.proj_drop_rate = number();
+    } else if (key == "drop_path_rate") {
+      m.drop_path_rate = number();
+    } else if (key == "fc_norm") {
+      if (!value.is_null()) fc_norm = flag();
+    } else if (auto it = plain.find(key); it != plain.end()) {
+      if (!value.is_null() && value != it->second) {
+        fail(file, where + " = " + show(value) + " is not supported (vit has timm's plain ViT: " + key + " = " +
+                       show(it->second) + ")");
+      }
+    } else if (!harmless.count(key)) {
+      fail(file, where + " = " + show(value) + " is not an option vit knows");
+    }
+  }
+  // timm's default: fc_norm exactly when pooling patch tokens.
+  const bool implied = m.global_pool == GlobalPool::avg;
+  if (fc_norm && *fc_norm != implied) {
+    fail(file, std::string("model_args.fc_norm = ") + (*fc_norm ? "true" : "false") + " with global_pool \"" +
+                   name_of(m.global_pool) + "\" is not supported (vit uses fc_norm exactly with \"avg\")");
+  }
+}
+
+// What an architecture name of the wider timm ViT family needs that we lack, for the refusal.
+std::string family_needs(const std::string& arch) {
+  auto has = [&](const char* part) { return arch.find(part) != std::string::npos; };
+  if (has("siglip")) return "a MAP (attention-pooling) head";
+  if (has("clip")) return "pre_norm and quick_gelu (CLIP image towers)";
+  if (has("reg")) return "register tokens (reg_tokens)";
+  if (has("dinov2")) return "LayerScale with an interpolated position embedding at patch 14 (DINOv2)";
+  if (has("deit3")) return "a position embedding without the class slot (no_embed_class: DeiT-3)";
+  if (has("deit")) return "DeiT's distillation token";
+  return "";
+}
+
+void read_timm(const json& config, Snapshot& s) {
+  const std::string file = s.dir + "/config.json";
+  const std::string full = get_or<std::string>(config, "architecture", "", file);
+  if (full.empty()) fail(file, "no \"architecture\"");
+  const std::string arch = full.substr(0, full.find('.'));  // a pretrained tag (".augreg_in21k") changes no size
+  try {
+    s.model = model_preset(arch);
+  } catch (const std::invalid_argument&) {
+    const std::string needs = family_needs(arch);
+    fail(file, "architecture \"" + full + "\" is not supported" + (needs.empty() ? "" : ": it needs " + needs) +
+                   " (vit reads timm's plain ViT names vit_{tiny,small,base,large,huge}_patch{8,14,16,32}_{224,384})");
+  }
+  s.model.preset = "";
+  s.model.num_classes = get_or<int64_t>(config, "num_classes", 1000, file);
+  if (config.contains("global_pool")) apply_timm_model_args(json{{"global_pool", config["global_pool"]}}, s.model, file);
+  if (config.contains("model_args")) apply_timm_model_args(config["model_args"], s.model, file);
+  s.model.num_classes = get_or<int64_t>(config, "num_classes", s.model.num_classes, file);
+  const json tag = config.contains("pretrained_cfg") ? config["pretrained_cfg"].value("tag", json()) : json();
+  s.sources.emplace_back("model", "config.json: timm architecture " + full +
+                                      (tag.is_string() ? " (pretrained tag " + tag.get<std::string>() + ")" : "") +
+                                      (config.contains("model_args") ? " with its model_args" : ""));
+
+  // timm's ViT defaults (vision_transformer._cfg) unless pretrained_cfg says otherwise.
+  Preprocess p;
+  p.crop_pct = 0.9;
+  p.interpolation = Interpolation::bicubic;
+  p.crop_mode = CropMode::center;
+  const json cfg = config.value("pretrained_cfg", json::object());
+  const std::string where = "pretrained_cfg.";
+  if (cfg.contains("mean")) p.mean = numbers(cfg["mean"], file, where + "mean");
+  if (cfg.contains("std")) p.std = numbers(cfg["std"], file, where + "std");
+  if (cfg.contains("interpolation")) p.interpolation = interpolation_from(cfg["interpolation"], file, where + "interpolation");
+  if (cfg.contains("crop_pct") && !cfg["crop_pct"].is_null()) p.crop_pct = numbers(cfg["crop_pct"], file, where + "crop_pct")[0];
+  if (cfg.contains("crop_mode") && !cfg["crop_mode"].is_null()) {
+    const auto mode = get_or<std::string>(cfg, "crop_mode", "center", file);
+    auto parsed = enum_from_name<CropMode>(mode);
+    if (!parsed) fail(file, where + "crop_mode: \"" + mode + "\" is not supported (vit crops with center or squash)");
+    p.crop_mode = *parsed;
+  }
+  if (cfg.contains("input_size") && !cfg["input_size"].is_null()) {
+    const auto size = numbers(cfg["input_size"], file, where + "input_size");
+    if (size.size() != 3) fail(file, where + "input_size: " + show(cfg["input_size"]) + " is not [C, H, W]");
+    if (size[0] != s.model.in_chans || size[1] != s.model.img_h || size[2] != s.model.img_w) {
+      fail(file, where + "input_size " + show(cfg["input_size"]) + " differs from the model's [" +
+                     std::to_string(s.model.in_chans) + ", " + std::to_string(s.model.img_h) + ", " +
+                     std::to_string(s.model.img_w) + "]");
+    }
+  }
+  s.preprocess = p;
+  s.sources.emplace_back("preprocess", cfg.empty() ? "timm's ViT defaults (config.json has no pretrained_cfg)"
+                                                   : "config.json: pretrained_cfg");
+  // A list, or {index: name} where ids have gaps (those classes stay numbered).
+  const json labels = config.value("label_names", cfg.value("label_names", json()));
+  auto label = [](const json& l) { return l.is_string() ? l.get<std::string>() : l.dump(); };
+  if (labels.is_array()) {
+    for (const auto& l : labels) s.class_names.push_back(label(l));
+  } else if (labels.is_object()) {
+    s.class_names = numbered_classes(s.model.num_classes);
+    for (const auto& [key, value] : labels.items()) {
+      const auto index = class_index(key, s.model.num_classes);
+      if (index < 0) fail(file, "label_names: key \"" + key + "\" is not a class index");
+      s.class_names[index] = label(value);
+    }
+  }
+  if (!s.class_names.empty()) s.sources.emplace_back("class_names", "config.json: label_names");
+}
+
+// ---- Hugging Face ----
+
+void read_hf(const json& config, Snapshot& s) {
+  const std::string file = s.dir + "/config.json";
+  const std::string type = get_or<std::string>(config, "model_type", "", file);
+  if (type != "vit") {
+    std::string why = type == "deit" ? ": DeiT's distillation token is not supported"
+                                     : ": vit reads Hugging Face's ViT (model_type \"vit\")";
+    fail(file, "model_type \"" + type + "\" is not supported" + why);
+  }
+  const json archs = config.value("architectures", json::array());
+  for (const auto& a : archs) {
+    const std::string name = a.is_string() ? a.get<std::string>() : a.dump();
+    if (name != "ViTForImageClassification" && name != "ViTModel") {
+      fail(file, "architectures: " + name + " is not supported (vit reads ViTForImageClassification and ViTModel)");
+    }
+  }
+  ModelConfig& m = s.model;
+  m.embed_dim = get_or<int64_t>(config, "hidden_size", 768, file);
+  m.depth = get_or<int64_t>(config, "num_hidden_layers", 12, file);
+  m.num_heads = get_or<int64_t>(config, "num_attention_heads", 12, file);
+  const auto intermediate = get_or<int64_t>(config, "intermediate_size", 3072, file);
+  m.mlp_ratio = static_cast<double>(intermediate) / static_cast<double>(m.embed_dim);
+  if (static_cast<int64_t>(m.embed_dim * m.mlp_ratio) != intermediate) {
+    fail(file, "intermediate_size " + std::to_string(intermediate) + " is not a whole multiple of hidden_size");
+  }
+  const auto act = get_or<std::string>(config, "hidden_act", "gelu", file);
+  if (act != "gelu") fail(file, "hidden_act \"" + act + "\" is not supported (vit's MLP uses exact GELU, \"gelu\")");
+  m.layer_norm_eps = get_or<double>(config, "layer_norm_eps", 1e-12, file);
+  const json size = config.value("image_size", json(224));
+  if (size.is_number_integer()) {
+    m.img_h = m.img_w = size.get<int64_t>();
+  } else if (size.is_array() && size.size() == 2) {
+    m.img_h = size[0].get<int64_t>(), m.img_w = size[1].get<int64_t>();
+  } else {
+    fail(file, "image_size: " + show(size) + " is not a size");
+  }
+  m.patch_size = get_or<int64_t>(config, "patch_size", 16, file);
+  m.in_chans = get_or<int64_t>(config, "num_channels", 3, file);
+  m.qkv_bias = get_or<bool>(config, "qkv_bias", true, file);
+  m.class_token = true;
+  m.global_pool = GlobalPool::token;
+  bool classifier = false;
+  for (const auto& a : archs) classifier = classifier || a == "ViTForImageClassification";
+  const json id2label = config.value("id2label", json::object());
+  if (!id2label.is_object()) fail(file, "id2label: not an object");
+  // id2label maps "0".."n-1" to names; a ViTModel (features only) has no classifier.
+  m.num_classes = classifier ? static_cast<int64_t>(id2label.size()) : 0;
+  if (classifier && m.num_classes == 0) m.num_classes = 2;  // PretrainedConfig's default num_labels
+  s.sources.emplace_back("model", "config.json: Hugging Face ViT (" +
+                                      std::string(classifier ? "ViTForImageClassification" : "ViTModel") + ")");
+  if (classifier && !id2label.empty()) {
+    s.class_names.assign(m.num_classes, "");
+    for (const auto& [key, value] : id2label.items()) {
+      const auto index = class_index(key, m.num_classes);
+      if (index < 0) fail(file, "id2label: key \"" + key + "\" is not a class index");
+      s.class_names[index] = value.is_string() ? value.get<std::string>() : value.dump();
+    }
+    s.sources.emplace_back("class_names", "config.json: id2label");
+  }
+
+  // ViTImageProcessor: resize straight to size (no crop), rescale, normalise. Its defaults without the file.
+  Preprocess p;
+  p.mean = {0.5, 0.5, 0.5}, p.std = {0.5, 0.5, 0.5};
+  p.interpolation = Interpolation::bilinear;
+  p.crop_mode = CropMode::squash;
+  p.crop_pct = 1.0;
+  const std::string pre_file = s.dir + "/preprocessor_config.json";
+  if (file_exists(pre_file)) {
+    const json pre = read_json(pre_file);
+    const auto type_name = get_or<std::string>(pre, "image_processor_type", "ViTImageProcessor", pre_file);
+    if (type_name != "ViTImageProcessor" && type_name != "ViTImageProcessorPil" &&
+        type_name != "ViTImageProcessorFast") {
+      fail(pre_file, "image_processor_type \"" + type_name + "\" is not supported (vit reads ViTImageProcessor)");
+    }
+    if (!get_or<bool>(pre, "do_resize", true, pre_file)) {
+      fail(pre_file, "do_resize false is not supported (the model needs " + std::to_string(m.img_h) + "x" +
+                         std::to_string(m.img_w) + " inputs)");
+    }
+    if (pre.contains("size") && !pre["size"].is_null()) {
+      const json& sz = pre["size"];
+      const int64_t h = sz.is_object() ? sz.value("height", int64_t{-1}) : sz.is_number_integer() ? sz.get<int64_t>() : -1;
+      const int64_t w = sz.is_object() ? sz.value("width", int64_t{-1}) : h;
+      if (h != m.img_h || w != m.img_w) {
+        fail(pre_file, "size " + show(sz) + " differs from the model's image_size " + std::to_string(m.img_h) + "x" +
+                           std::to_string(m.img_w) + " (vit reads size as {\"height\", \"width\"})");
+      }
+    }
+    if (pre.contains("resample")) p.interpolation = interpolation_from(pre["resample"], pre_file, "resample");
+    const bool rescale = get_or<bool>(pre, "do_rescale", true, pre_file);
+    const double factor = get_or<double>(pre, "rescale_factor", 1.0 / 255.0, pre_file);
+    if (!rescale || std::abs(factor * 255.0 - 1.0) > 1e-9) {
+      fail(pre_file, "rescale other than x / 255 is not supported (do_rescale " + std::string(rescale ? "true" : "false") +
+                         ", rescale_factor " + num(factor) + ")");
+    }
+    if (get_or<bool>(pre, "do_normalize", true, pre_file)) {
+      if (pre.contains("image_mean")) p.mean = numbers(pre["image_mean"], pre_file, "image_mean");
+      if (pre.contains("image_std")) p.std = numbers(pre["image_std"], pre_file, "image_std");
+    } else {
+      p.mean = {0.0}, p.std = {1.0};
+    }
+    s.sources.emplace_back("preprocess", "preprocessor_config.json: ViTImageProcessor");
+  } else {
+    s.sources.emplace_back("preprocess", "ViTImageProcessor's defaults (no preprocessor_config.json)");
+  }
+  s.preprocess = p;
+}
+
+}  // namespace
+
+bool is_snapshot_dir(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void refuse_pickle(const std::string& path) {
+  const std::string ext = lower_extension(path);
+  const bool by_name = ext == ".bin" || ext == ".pth" || ext == ".pt" || ext == ".ckpt" || ext == ".pkl";
+  if (!by_name && !starts_like_pickle(path)) return;
+  throw std::runtime_error(
+      path + ": a pickle checkpoint (torch.save), which vit never unpickles (it can run code); convert it to "
+             "safetensors: python -c \"import torch, safetensors.torch as s; s.save_file(torch.load('" +
+      path + "', weights_only=True), 'model.safetensors')\"");
+}
+
+Snapshot read_snapshot(const std::string& dir) {
+  Snapshot s;
+  s.dir = dir;
+  while (s.dir.size() > 1 && s.dir.back() == '/') s.dir.pop_back();
+  const std::string config_path = s.dir + "/config.json";
+  if (!file_exists(config_path)) {
+    fail(s.dir, "a folder without config.json (vit reads timm and Hugging Face snapshot folders, or a model file)");
+  }
+  const json config = read_json(config_path);
+  s.weights = s.dir + "/model.safetensors";
+  if (!file_exists(s.weights)) {
+    if (file_exists(s.dir + "/model.safetensors.index.json")) {
+      fail(s.dir, "sharded weights (model.safetensors.index.json) are not supported; save with one model.safetensors");
+    }
+    for (const char* name : kPickleNames) {
+      if (file_exists(s.dir + "/" + name)) refuse_pickle(s.dir + "/" + name);
+    }
+    fail(s.dir, "no model.safetensors beside config.json");
+  }
+  if (config.contains("architecture")) {
+    s.kind = SnapshotKind::timm;
+    read_timm(config, s);
+  } else if (config.contains("model_type")) {
+    s.kind = SnapshotKind::hf;
+    read_hf(config, s);
+  } else {
+    fail(config_path, "neither a timm config (\"architecture\") nor a Hugging Face one (\"model_type\")");
+  }
+  try {
+    validate(s.model, config_path);
+    s.preprocess = parse_preprocess(to_json(s.preprocess), config_path);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
+  }
+  if (!s.class_names.empty() && static_cast<int64_t>(s.class_names.size()) != s.model.num_classes) {
+    fail(config_path, std::to_string(s.class_names.size()) + " class names for " +
+                          std::to_string(s.model.num_classes) + " classes");
+  }
+  return s;
+}
+
+// ---- tensor names ----
+
+namespace {
+
+// HF's name for our per-block suffix (after "blocks.N.").
+const std::vector<std::pair<std::string, std::string>>& hf_block_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"norm1", "layernorm_before"},        {"attn.proj", "attention.output.dense"},
+      {"norm2", "layernorm_after"},         {"mlp.fc1", "intermediate.dense"},
+      {"mlp.fc2", "output.dense"},
+  };
+  return names;
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+}  // namespace
+
+std::string hf_name(const std::string& ours) {
+  if (ours == "cls_token") return "vit.embeddings.cls_token";
+  if (ours == "pos_embed") return "vit.embeddings.position_embeddings";
+  if (starts_with(ours, "patch_embed.proj.")) return "vit.embeddings.patch_embeddings.projection." + ours.substr(17);
+  if (starts_with(ours, "norm.")) return "vit.layernorm." + ours.substr(5);
+  if (starts_with(ours, "head.")) return "classifier." + ours.substr(5);
+  if (starts_with(ours, "blocks.")) {
+    const auto dot = ours.find('.', 7);
+    const std::string index = ours.substr(7, dot - 7), rest = ours.substr(dot + 1);
+    for (const auto& [mine, theirs] : hf_block_names()) {
+      if (starts_with(rest, mine + ".")) {
+        return "vit.encoder.layer." + index + "." + theirs + rest.substr(mine.size());
+      }
+    }
+  }
+  return "";
+}
+
+std::vector<std::string> hf_qkv_names(const std::string& ours) {
+  // blocks.N.attn.qkv.{weight,bias}
+  const auto dot = ours.find('.', 7);
+  const std::string index = ours.substr(7, dot - 7);
+  const std::string kind = ours.substr(ours.rfind('.') + 1);
+  std::vector<std::string> out;
+  for (const char* part : {"query", "key", "value"}) {
+    out.push_back("vit.encoder.layer." + index + ".attention.attention." + part + "." + kind);
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind,
+                                                               const std::vector<std::string>& theirs,
+                                                               const std::string& path) {
+  std::map<std::string, std::vector<std::string>> out;
+  if (kind == SnapshotKind::timm) {
+    for (const auto& name : theirs) out[name] = {name};
+    return out;
+  }
+  std::vector<std::string> unknown;
+  std::map<std::string, std::array<std::string, 3>> qkv;
+  for (const auto& full : theirs) {
+    // ViTForImageClassification nests the backbone under "vit."; a ViTModel saves it at the top.
+    const std::string name = starts_with(full, "vit.") ? full.substr(4) : full;
+    std::string ours;
+    if (name == "embeddings.cls_token") {
+      ours = "cls_token";
+    } else if (name == "embeddings.position_embeddings") {
+      ours = "pos_embed";
+    } else if (starts_with(name, "embeddings.patch_embeddings.projection.")) {
+      ours = "patch_embed.proj." + name.substr(39);
+    } else if (starts_with(name, "layernorm.")) {
+      ours = "norm." + name.substr(10);
+    } else if (starts_with(full, "classifier.")) {
+      ours = "head." + full.substr(11);
+    } else if (starts_with(name, "pooler.") || name == "embeddings.mask_token") {
+      continue;  // ViTModel's pooler and the masked-image-modelling token: classification never reads them
+    } else if (starts_with(name, "encoder.layer.")) {
+      const auto dot = name.find('.', 14);
+      const std::string index = name.substr(14, dot == std::string::npos ? 0 : dot - 14);
+      const std::string rest = dot == std::string::npos ? "" : name.substr(dot + 1);
+      const std::string block = "blocks." + index + ".";
+      int part = -1;
+      const char* parts[] = {"attention.attention.query.", "attention.attention.key.", "attention.attention.value."};
+      for (int i = 0; i < 3; ++i) {
+        if (starts_with(rest, parts[i])) part = i;
+      }
+      if (part >= 0) {
+        const std::string kind_name = rest.substr(rest.rfind('.') + 1);
+        qkv[block + "attn.qkv." + kind_name][part] = full;
+        continue;
+      }
+      for (const auto& [mine, hf] : hf_block_names()) {
+        if (starts_with(rest, hf + ".")) ours = block + mine + rest.substr(hf.size());
+      }
+    }
+    if (ours.empty()) {
+      unknown.push_back(full);
+    } else {
+      out[ours] = {full};
+    }
+  }
+  for (const auto& [ours, parts] : qkv) {
+    for (const auto& part : parts) {
+      if (part.empty()) fail(path, "has only some of the query, key and value tensors of " + ours);
+    }
+    out[ours] = {parts[0], parts[1], parts[2]};
+  }
+  if (!unknown.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unknown.size() && i < 8; ++i) list += (i ? ", " : "") + unknown[i];
+    if (unknown.size() > 8) list += ", ... (" + std::to_string(unknown.size()) + " in all)";
+    fail(path, "tensors that a Hugging Face ViT does not have: " + list);
+  }
+  return out;
+}
+
+std::string timm_architecture(const ModelConfig& m) {
+  // timm's registered plain ViT names (timm 1.0): `create_model` needs one of them; model_args carry every size, so
+  // the nearest by patch, then width, depth and resolution is only a label.
+  static const char* const registered[] = {
+      "vit_tiny_patch16_224",  "vit_tiny_patch16_384",  "vit_small_patch8_224",  "vit_small_patch16_224",
+      "vit_small_patch16_384", "vit_small_patch32_224", "vit_small_patch32_384", "vit_base_patch8_224",
+      "vit_base_patch16_224",  "vit_base_patch16_384",  "vit_base_patch32_224",  "vit_base_patch32_384",
+      "vit_large_patch14_224", "vit_large_patch16_224", "vit_large_patch16_384", "vit_large_patch32_224",
+      "vit_large_patch32_384", "vit_huge_patch14_224"};
+  std::string best;
+  int64_t best_gap = -1;
+  for (const char* name : registered) {
+    const ModelConfig p = model_preset(name);
+    const int64_t gap = std::abs(p.patch_size - m.patch_size) * 1000000 + std::abs(p.embed_dim - m.embed_dim) * 100 +
+                        std::abs(p.depth - m.depth) * 10 + std::abs(p.img_h - m.img_h) + std::abs(p.img_w - m.img_w);
+    if (best_gap < 0 || gap < best_gap) best = name, best_gap = gap;
+  }
+  return best;
+}
+
+std::map<std::string, json> snapshot_files(SnapshotKind kind, const ModelConfig& m, const Preprocess& p,
+                                           const std::vector<std::string>& class_names) {
+  auto refuse = [&](const std::string& what) {
+    throw std::invalid_argument(std::string(name_of(kind)) + " format cannot represent " + what);
+  };
+  if (m.rel_pos_bias) refuse("the relative position bias (model.rel_pos_bias)");
+  json mean = p.mean, std_ = p.std;
+  std::map<std::string, json> files;
+  if (kind == SnapshotKind::timm) {
+    if (std::abs(m.layer_norm_eps - 1e-6) > 1e-12) {
+      refuse("layer_norm_eps " + num(m.layer_norm_eps) + " (timm's ViT uses 1e-6)");
+    }
+    const std::string arch = timm_architecture(m);
+    json args = {{"img_size", json::array({m.img_h, m.img_w})}, {"patch_size", m.patch_size},
+                 {"in_chans", m.in_chans},   {"num_classes", m.num_classes},
+                 {"embed_dim", m.embed_dim}, {"depth", m.depth},
+                 {"num_heads", m.num_heads}, {"mlp_ratio", m.mlp_ratio},
+                 {"qkv_bias", m.qkv_bias},   {"class_token", m.class_token},
+                 {"global_pool", name_of(m.global_pool)}};
+    if (m.init_values) args["init_values"] = *m.init_values;
+    json cfg = {{"tag", "vit"},
+                {"custom_load", false},
+                {"input_size", json::array({m.in_chans, m.img_h, m.img_w})},
+                {"fixed_input_size", true},
+                {"interpolation", name_of(p.interpolation)},
+                {"crop_pct", p.crop_pct},
+                {"crop_mode", name_of(p.crop_mode)},
+                {"mean", mean},
+                {"std", std_},
+                {"num_classes", m.num_classes},
+                {"pool_size", nullptr},
+                {"first_conv", "patch_embed.proj"},
+                {"classifier", "head"}};
+    json config = {{"architecture", arch},
+                   {"num_classes", m.num_classes},
+                   {"num_features", m.embed_dim},
+                   {"global_pool", name_of(m.global_pool)},
+                   {"model_args", args},
+                   {"pretrained_cfg", cfg}};
+    if (!class_names.empty()) config["label_names"] = class_names;
+    files["config.json"] = config;
+    return files;
+  }
+  // Hugging Face's ViTForImageClassification: class token, token pooling, no LayerScale, square-free sizes.
+  if (!m.class_token) refuse("a model without a class token (model.class_token false)");
+  if (m.global_pool != GlobalPool::token) refuse("average pooling (model.global_pool \"avg\"; HF reads the class token)");
+  if (m.init_values) refuse("LayerScale (model.init_values)");
+  if (m.num_classes <= 0) refuse("a model without a classifier head (num_classes 0)");
+  const double hidden = m.embed_dim * m.mlp_ratio;
+  if (hidden != std::floor(hidden)) refuse("mlp_ratio " + num(m.mlp_ratio) + " (not a whole MLP width)");
+  if (p.crop_pct != 1.0 || p.crop_mode != CropMode::squash) {
+    refuse("crop_pct " + num(p.crop_pct) + " with crop_mode " + name_of(p.crop_mode) +
+           " (ViTImageProcessor resizes straight to the model size, without a crop: crop_pct 1, crop_mode squash)");
+  }
+  json id2label = json::object(), label2id = json::object();
+  for (int64_t i = 0; i < m.num_classes; ++i) {
+    const std::string name = i < static_cast<int64_t>(class_names.size()) ? class_names[i] : std::to_string(i);
+    id2label[std::to_string(i)] = name;
+    label2id[name] = i;
+  }
+  json image_size = m.img_h == m.img_w ? json(m.img_h) : json::array({m.img_h, m.img_w});
+  files["config.json"] = {{"architectures", {"ViTForImageClassification"}},
+                          {"model_type", "vit"},
+                          {"hidden_size", m.embed_dim},
+                          {"num_hidden_layers", m.depth},
+                          {"num_attention_heads", m.num_heads},
+                          {"intermediate_size", static_cast<int64_t>(hidden)},
+                          {"hidden_act", "gelu"},
+                          {"hidden_dropout_prob", 0.0},
+                          {"attention_probs_dropout_prob", 0.0},
+                          {"initializer_range", 0.02},
+                          {"layer_norm_eps", m.layer_norm_eps},
+                          {"image_size", image_size},
+                          {"patch_size", m.patch_size},
+                          {"num_channels", m.in_chans},
+                          {"qkv_bias", m.qkv_bias},
+                          {"encoder_stride", m.patch_size},
+                          {"id2label", id2label},
+                          {"label2id", label2id},
+                          {"dtype", "float32"}};
+  const int resample = p.interpolation == Interpolation::bicubic ? 3 : 2;
+  files["preprocessor_config.json"] = {{"image_processor_type", "ViTImageProcessor"},
+                                       {"do_resize", true},
+                                       {"size", {{"height", m.img_h}, {"width", m.img_w}}},
+                                       {"resample", resample},
+                                       {"do_rescale", true},
+                                       {"rescale_factor", 1.0 / 255.0},
+                                       {"do_normalize", true},
+                                       {"image_mean", mean},
+                                       {"image_std", std_}};
+  return files;
+}
+
+}  // namespace vit
