@@ -22,5 +22,6 @@ void setup_evaluate(CLI::App& app, int& status);
 void setup_export_attention(CLI::App& app, int& status);
 void setup_bench(CLI::App& app, int& status);
 void setup_launch(CLI::App& app, int& status);
+void setup_export(CLI::App& app, int& status);
 
 }  // namespace vit::app

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   setup_evaluate(app, status);
   setup_predict(app, status);
   setup_export_attention(app, status);
+  setup_export(app, status);
   setup_info(app, status);
   setup_bench(app, status);
   setup_launch(app, status);

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "export/export.h"
 #include "export/onnx_writer.h"
 #include "io/safetensors.h"
 #include "model/vit.h"
@@ -79,21 +80,9 @@ VisionTransformer random_model(const ModelConfig& config) {
   return net;
 }
 
-// Every parameter and buffer as float32 under its state-dict name, as `vit export` hands them to the writer.
+// The writer's input exactly as `vit export` builds it.
 onnx::ExportInput export_input(VisionTransformer& net, bool attention_outputs) {
-  onnx::ExportInput input;
-  input.model = net->config();
-  input.attention_outputs = attention_outputs;
-  auto add = [&](const std::string& name, const torch::Tensor& tensor) {
-    const auto values = tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-    onnx::Weight weight;
-    weight.shape = values.sizes().vec();
-    weight.data.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());
-    input.weights[name] = std::move(weight);
-  };
-  for (const auto& p : net->named_parameters()) add(p.key(), p.value());
-  for (const auto& b : net->named_buffers()) add(b.key(), b.value());
-  return input;
+  return onnx_export_input(net, attention_outputs);
 }
 
 struct Reference {

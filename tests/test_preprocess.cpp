@@ -78,12 +78,20 @@ TEST(PreprocessGeometry, ShapesForSquareRectangularAndCropPct) {
   const RawImage resized = resize_image(image, 48, 36, p.interpolation);
   EXPECT_TRUE(torch::equal(square, preprocess(crop_image(resized, 8, 2, 32, 32), Preprocess{}, 32, 32, 3)));
 
-  // Rectangular (24, 32), crop_pct 0.8: resize to (30, 40), centre crop at (3, 4).
+  // Rectangular (24, 32), crop_pct 0.8, both sides to cover (30, 40) with the aspect ratio kept (timm's
+  // ResizeKeepRatio): factor min(64 / 30, 48 / 40) = 1.2, so (round(53.3), 40) = (53, 40); centre crop at (14, 4)
+  // (round(14.5) = 14, ties to even).
   p.crop_pct = 0.8;
   const torch::Tensor rectangle = preprocess(image, p, 24, 32, 3);
   ASSERT_EQ(rectangle.sizes(), (torch::IntArrayRef{3, 24, 32}));
+  const RawImage kept = resize_image(image, 53, 40, p.interpolation);
+  EXPECT_TRUE(torch::equal(rectangle, preprocess(crop_image(kept, 14, 4, 24, 32), Preprocess{}, 24, 32, 3)));
+  // crop_mode squash: straight to (30, 40), centre crop at (3, 4).
+  p.crop_mode = CropMode::squash;
+  const torch::Tensor squashed = preprocess(image, p, 24, 32, 3);
   const RawImage stretched = resize_image(image, 30, 40, p.interpolation);
-  EXPECT_TRUE(torch::equal(rectangle, preprocess(crop_image(stretched, 3, 4, 24, 32), Preprocess{}, 24, 32, 3)));
+  EXPECT_TRUE(torch::equal(squashed, preprocess(crop_image(stretched, 3, 4, 24, 32), Preprocess{}, 24, 32, 3)));
+  p.crop_mode = CropMode::center;
 
   p.crop_pct = 1.5;
   EXPECT_NE(error_of([&] { preprocess(image, p, 32, 32, 3); }).find("crop_pct"), std::string::npos);

@@ -204,32 +204,6 @@ Geometry geometry(const ModelConfig& m, const std::string& path) {
   return g;
 }
 
-// The constant (nh, N, N) bias a block adds to its attention logits at the trained grid: the table gathered through
-// model/vit.cpp's relative_position_index (restated here without torch; the parity test holds the two together).
-std::vector<float> relative_bias(const Weight& table, const Geometry& g) {
-  const int64_t span_w = 2 * g.gw - 1;
-  const int64_t patch_entries = (2 * g.gh - 1) * span_w;
-  std::vector<int64_t> index(g.N * g.N);  // (N, N) rows into the table
-  for (int64_t i = 0; i < g.L; ++i) {
-    for (int64_t j = 0; j < g.L; ++j) {
-      const int64_t dy = i / g.gw - j / g.gw + g.gh - 1, dx = i % g.gw - j % g.gw + g.gw - 1;
-      index[(i + g.prefix) * g.N + j + g.prefix] = dy * span_w + dx;
-    }
-  }
-  if (g.prefix) {
-    for (int64_t t = 1; t < g.N; ++t) {
-      index[t] = patch_entries;             // class -> patch
-      index[t * g.N] = patch_entries + 1;   // patch -> class
-    }
-    index[0] = patch_entries + 2;  // class -> class
-  }
-  std::vector<float> bias(g.nh * g.N * g.N);  // (nh, N, N)
-  for (int64_t h = 0; h < g.nh; ++h) {
-    for (int64_t t = 0; t < g.N * g.N; ++t) bias[h * g.N * g.N + t] = table.data[index[t] * g.nh + h];
-  }
-  return bias;
-}
-
 // Exact GELU from Erf (opset 17 has no Gelu), in torch's order: x * 0.5 * (1 + erf(x / sqrt(2))).
 std::string gelu(GraphBuilder& b, const std::string& x, const std::string& name) {
   auto scaled = b.op("Mul", {x, b.scalar("gelu.inv_sqrt2", static_cast<float>(M_SQRT1_2))}, name + ".scaled");
@@ -312,9 +286,12 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
   attribute(b.node("Transpose", {k}, p + "attn.k_t"), "perm", std::vector<int64_t>{0, 1, 3, 2});  // (B, nh, hd, N)
   auto logits = b.op("MatMul", {q_scaled, p + "attn.k_t"}, p + "attn.logits");                   // (B, nh, N, N)
   if (o.rel_pos_bias) {
+    // The table is the trained parameter; the graph adds the (nh, N, N) bias the model gathers from it at this grid,
+    // which the caller computes with the model itself (ExportInput's comment), so the index rule lives in one place.
     const int64_t entries = (2 * g.gh - 1) * (2 * g.gw - 1) + (g.prefix ? 3 : 0);
-    const auto bias = relative_bias(w.take(p + "attn.relative_position_bias_table", {entries, g.nh}), g);
-    auto constant = b.floats(p + "attn.relative_position_bias", {g.nh, g.N, g.N}, bias.data(), bias.size());
+    w.take(p + "attn.relative_position_bias_table", {entries, g.nh});
+    const Weight& bias = w.take(p + "attn.relative_position_bias", {g.nh, g.N, g.N});
+    auto constant = b.floats(p + "attn.relative_position_bias", {g.nh, g.N, g.N}, bias.data.data(), bias.data.size());
     logits = b.op("Add", {logits, constant}, p + "attn.logits_biased");
   }
   attribute(b.node("Softmax", {logits}, o.probs_output), "axis", int64_t{-1});

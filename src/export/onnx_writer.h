@@ -23,7 +23,10 @@ struct Weight {
 
 struct ExportInput {
   ModelConfig model;                                           // the resolved architecture
-  std::map<std::string, Weight> weights;                       // every parameter and buffer, by (timm) state-dict name
+  // Every parameter and buffer, by (timm) state-dict name; with model.rel_pos_bias also, per block, the bias the
+  // model adds at its trained grid, "blocks.{i}.attn.relative_position_bias" (nh, N, N) (the model computes it:
+  // export/export.h's onnx_export_input).
+  std::map<std::string, Weight> weights;
   std::vector<std::pair<std::string, std::string>> metadata;   // -> ModelProto.metadata_props, in order
   bool attention_outputs = false;                              // also output each block's attention probabilities
 };

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <stdexcept>
@@ -202,7 +203,7 @@ std::string family_needs(const std::string& arch) {
   if (has("reg")) return "register tokens (reg_tokens)";
   if (has("dinov2")) return "LayerScale with an interpolated position embedding at patch 14 (DINOv2)";
   if (has("deit3")) return "a position embedding without the class slot (no_embed_class: DeiT-3)";
-  if (has("deit")) return "DeiT's distillation token";
+  if (has("deit")) return "DeiT's distillation token (dist_token)";
   return "";
 }
 
@@ -211,8 +212,11 @@ void read_timm(const json& config, Snapshot& s) {
   const std::string full = get_or<std::string>(config, "architecture", "", file);
   if (full.empty()) fail(file, "no \"architecture\"");
   const std::string arch = full.substr(0, full.find('.'));  // a pretrained tag (".augreg_in21k") changes no size
+  // timm's DeiT (without distillation) is its plain VisionTransformer with DeiT's training recipe.
+  std::string plain = arch;
+  if (plain.rfind("deit_", 0) == 0 && plain.find("distilled") == std::string::npos) plain = "vit_" + plain.substr(5);
   try {
-    s.model = model_preset(arch);
+    s.model = model_preset(plain);
   } catch (const std::invalid_argument&) {
     const std::string needs = family_needs(arch);
     fail(file, "architecture \"" + full + "\" is not supported" + (needs.empty() ? "" : ": it needs " + needs) +
@@ -315,10 +319,11 @@ void read_hf(const json& config, Snapshot& s) {
   m.qkv_bias = get_or<bool>(config, "qkv_bias", true, file);
   m.class_token = true;
   m.global_pool = GlobalPool::token;
-  bool classifier = false;
-  for (const auto& a : archs) classifier = classifier || a == "ViTForImageClassification";
   const json id2label = config.value("id2label", json::object());
   if (!id2label.is_object()) fail(file, "id2label: not an object");
+  // Without "architectures", a folder with class labels is taken for a classifier.
+  bool classifier = archs.empty() && !id2label.empty();
+  for (const auto& a : archs) classifier = classifier || a == "ViTForImageClassification";
   // id2label maps "0".."n-1" to names; a ViTModel (features only) has no classifier.
   m.num_classes = classifier ? static_cast<int64_t>(id2label.size()) : 0;
   if (classifier && m.num_classes == 0) m.num_classes = 2;  // PretrainedConfig's default num_labels
@@ -443,14 +448,32 @@ Snapshot read_snapshot(const std::string& dir) {
 
 namespace {
 
-// HF's name for our per-block suffix (after "blocks.N.").
-const std::vector<std::pair<std::string, std::string>>& hf_block_names() {
+// The one table of our names against Hugging Face's, both directions read it. Outside the blocks: exact names, or
+// prefixes (ending in '.') followed by weight/bias. Inside block N ("blocks.N." / "vit.encoder.layer.N."): prefixes;
+// the fused qkv is HF's query, key and value (hf_qkv_names).
+const std::vector<std::pair<std::string, std::string>>& hf_top_names() {
   static const std::vector<std::pair<std::string, std::string>> names = {
-      {"norm1", "layernorm_before"},        {"attn.proj", "attention.output.dense"},
-      {"norm2", "layernorm_after"},         {"mlp.fc1", "intermediate.dense"},
-      {"mlp.fc2", "output.dense"},
+      {"cls_token", "vit.embeddings.cls_token"},
+      {"pos_embed", "vit.embeddings.position_embeddings"},
+      {"patch_embed.proj.", "vit.embeddings.patch_embeddings.projection."},
+      {"norm.", "vit.layernorm."},
+      {"head.", "classifier."},
   };
   return names;
+}
+const std::vector<std::pair<std::string, std::string>>& hf_block_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"norm1.", "layernorm_before."},       {"attn.proj.", "attention.output.dense."},
+      {"norm2.", "layernorm_after."},        {"mlp.fc1.", "intermediate.dense."},
+      {"mlp.fc2.", "output.dense."},
+  };
+  return names;
+}
+
+// `name` with `from` (an exact name, or a prefix ending in '.') replaced by `to`; "" when it does not match.
+std::string rename(const std::string& name, const std::string& from, const std::string& to) {
+  if (from.back() == '.') return name.rfind(from, 0) == 0 ? to + name.substr(from.size()) : "";
+  return name == from ? to : "";
 }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
@@ -458,18 +481,14 @@ bool starts_with(const std::string& s, const std::string& prefix) { return s.rfi
 }  // namespace
 
 std::string hf_name(const std::string& ours) {
-  if (ours == "cls_token") return "vit.embeddings.cls_token";
-  if (ours == "pos_embed") return "vit.embeddings.position_embeddings";
-  if (starts_with(ours, "patch_embed.proj.")) return "vit.embeddings.patch_embeddings.projection." + ours.substr(17);
-  if (starts_with(ours, "norm.")) return "vit.layernorm." + ours.substr(5);
-  if (starts_with(ours, "head.")) return "classifier." + ours.substr(5);
+  for (const auto& [mine, theirs] : hf_top_names()) {
+    if (auto out = rename(ours, mine, theirs); !out.empty()) return out;
+  }
   if (starts_with(ours, "blocks.")) {
     const auto dot = ours.find('.', 7);
     const std::string index = ours.substr(7, dot - 7), rest = ours.substr(dot + 1);
     for (const auto& [mine, theirs] : hf_block_names()) {
-      if (starts_with(rest, mine + ".")) {
-        return "vit.encoder.layer." + index + "." + theirs + rest.substr(mine.size());
-      }
+      if (auto out = rename(rest, mine, theirs); !out.empty()) return "vit.encoder.layer." + index + "." + out;
     }
   }
   return "";
@@ -499,23 +518,18 @@ std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind
   std::map<std::string, std::array<std::string, 3>> qkv;
   for (const auto& full : theirs) {
     // ViTForImageClassification nests the backbone under "vit."; a ViTModel saves it at the top.
-    const std::string name = starts_with(full, "vit.") ? full.substr(4) : full;
+    const std::string name = starts_with(full, "vit.") || starts_with(full, "classifier.") ? full : "vit." + full;
     std::string ours;
-    if (name == "embeddings.cls_token") {
-      ours = "cls_token";
-    } else if (name == "embeddings.position_embeddings") {
-      ours = "pos_embed";
-    } else if (starts_with(name, "embeddings.patch_embeddings.projection.")) {
-      ours = "patch_embed.proj." + name.substr(39);
-    } else if (starts_with(name, "layernorm.")) {
-      ours = "norm." + name.substr(10);
-    } else if (starts_with(full, "classifier.")) {
-      ours = "head." + full.substr(11);
-    } else if (starts_with(name, "pooler.") || name == "embeddings.mask_token") {
+    for (const auto& [mine, hf] : hf_top_names()) {
+      if (ours.empty()) ours = rename(name, hf, mine);
+    }
+    if (starts_with(name, "vit.pooler.") || name == "vit.embeddings.mask_token") {
       continue;  // ViTModel's pooler and the masked-image-modelling token: classification never reads them
-    } else if (starts_with(name, "encoder.layer.")) {
-      const auto dot = name.find('.', 14);
-      const std::string index = name.substr(14, dot == std::string::npos ? 0 : dot - 14);
+    }
+    const std::string layer = "vit.encoder.layer.";
+    if (ours.empty() && starts_with(name, layer)) {
+      const auto dot = name.find('.', layer.size());
+      const std::string index = name.substr(layer.size(), dot == std::string::npos ? 0 : dot - layer.size());
       const std::string rest = dot == std::string::npos ? "" : name.substr(dot + 1);
       const std::string block = "blocks." + index + ".";
       int part = -1;
@@ -524,12 +538,11 @@ std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind
         if (starts_with(rest, parts[i])) part = i;
       }
       if (part >= 0) {
-        const std::string kind_name = rest.substr(rest.rfind('.') + 1);
-        qkv[block + "attn.qkv." + kind_name][part] = full;
+        qkv[block + "attn.qkv." + rest.substr(std::strlen(parts[part]))][part] = full;
         continue;
       }
       for (const auto& [mine, hf] : hf_block_names()) {
-        if (starts_with(rest, hf + ".")) ours = block + mine + rest.substr(hf.size());
+        if (auto out = rename(rest, hf, mine); !out.empty()) ours = block + out;
       }
     }
     if (ours.empty()) {

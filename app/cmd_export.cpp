@@ -1,0 +1,42 @@
+// `vit export`: a model (our file or a timm / Hugging Face snapshot folder) to our file, timm, HF or ONNX.
+#include "commands.h"
+#include "common.h"
+#include "export/export.h"
+#include "util/log.h"
+
+namespace vit::app {
+namespace {
+
+struct ExportOptions {
+  std::string checkpoint;
+  ConfigArgs config;
+  std::string format;
+  ExportRequest request;
+};
+
+int run_export(const ExportOptions& options) {
+  ExportRequest request = options.request;
+  request.format = *enum_from_name<ExportFormat>(options.format);  // the option's check admits only the names
+  auto model = load_model_args(options.checkpoint, options.config);
+  export_model(model, request);
+  log::info("wrote " + request.out + " (" + options.format + ") from " + model.path);
+  return kOk;
+}
+
+}  // namespace
+
+void setup_export(CLI::App& app, int& status) {
+  auto options = std::make_shared<ExportOptions>();
+  auto* command = app.add_subcommand("export", "Write a model as our file, a timm or Hugging Face snapshot, or ONNX");
+  command->add_option("--checkpoint", options->checkpoint,
+                      "model file or timm / Hugging Face snapshot folder (default: the latest run's best model)")
+      ->check(CLI::ExistingPath);
+  add_config_args(command, options->config);
+  command->add_option("--format", options->format, "vit | timm | hf | onnx")->required()->check(enum_choice<ExportFormat>());
+  command->add_option("--out", options->request.out, "output file (vit, onnx) or new folder (timm, hf)")->required();
+  command->add_flag("--attention", options->request.attention,
+                    "onnx: also output each block's attention probabilities (attention.0, ...)");
+  command->callback([options, &status] { status = run_export(*options); });
+}
+
+}  // namespace vit::app

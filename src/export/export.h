@@ -1,0 +1,38 @@
+// `vit export`: a model out to the tools a team deploys with: our own file, a timm or Hugging Face snapshot folder,
+// or one ONNX file. What the target cannot represent fails before anything is written; nothing partial is left.
+#pragma once
+
+#include <string>
+
+#include "config/enum_names.h"
+#include "io/model_file.h"
+#include "vit/build_config.h"
+#if VIT_WITH_ONNX
+#include "export/onnx_writer.h"
+#endif
+
+namespace vit {
+
+enum class ExportFormat { vit, timm, hf, onnx };
+VIT_ENUM_NAMES(ExportFormat, "vit", "timm", "hf", "onnx");
+
+struct ExportRequest {
+  ExportFormat format = ExportFormat::vit;
+  std::string out;         // a file (vit, onnx) or a folder that must not exist yet (timm, hf)
+  bool attention = false;  // onnx: each block's attention probabilities as outputs attention.{i}
+};
+
+// Writes `model` as asked. Throws std::invalid_argument for what the format cannot represent (naming it) and
+// std::runtime_error for I/O failures (naming the path); either way `out` is left as it was.
+void export_model(LoadedModel& model, const ExportRequest& request);
+
+#if VIT_WITH_ONNX
+// What the ONNX writer needs of a model: its config and every tensor as float32 (plus each block's relative
+// position bias at the trained grid, from the model's own index rule).
+onnx::ExportInput onnx_export_input(VisionTransformer& net, bool attention_outputs);
+#endif
+
+// True when this build can write ONNX (built with protobuf and Debian's ONNX schema).
+bool onnx_export_available();
+
+}  // namespace vit

@@ -1,0 +1,412 @@
+// Models in and out (io/snapshot.h, export/export.h), against the real libraries: timm and transformers build
+// random-initialised models and save them as they publish snapshots; we load those with no config and predict
+// within 1e-4 of the library on an image that needs resizing; our exports load back in timm (strict) and
+// transformers with the same logits at batch 1 and 3 and the same preprocessing (ViTImageProcessor's PIL backend
+// exactly; its torchvision backend, transformers 5's default, within one 8-bit level). References come from
+// tests/reference_models.py, run by the project's reference Python (skips with the reason where it is missing).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "export/export.h"
+#include "image/decode.h"
+#include "io/model_file.h"
+#include "io/safetensors.h"
+#include "io/snapshot.h"
+#include "test_util.h"
+#include "util/fs.h"
+
+namespace vit {
+namespace {
+
+using test::error_of;
+using test::max_abs_diff;
+using test::run_python;
+using test::TempDir;
+
+constexpr double kLogitTolerance = 1e-4;
+
+torch::Tensor our_logits(LoadedModel& model, const std::string& image, torch::Tensor* pixels = nullptr) {
+  torch::NoGradGuard no_grad;
+  const auto& m = model.model;
+  const auto x = preprocess(decode_image(image), model.preprocess, m.img_h, m.img_w, m.in_chans).unsqueeze(0);
+  if (pixels) *pixels = x;
+  return model.net->forward(x);
+}
+
+// ViTImageProcessor's torchvision backend (transformers 5's default) resizes in float: at most one 8-bit level away.
+void expect_within_one_level(const torch::Tensor& ours, const torch::Tensor& torchvision, const Preprocess& p) {
+  double level = 0;
+  for (double s : p.std) level = std::max(level, 1.0 / 255.0 / s);
+  const double diff = max_abs_diff(ours, torchvision);
+  std::cout << "  vs the torchvision backend: max |d| pixels " << diff << " (one level: " << level << ")\n";
+  EXPECT_LE(diff, level + 1e-5);
+}
+
+std::string source_of(const LoadedModel& model, const std::string& part) {
+  for (const auto& [name, from] : model.sources) {
+    if (name == part) return from;
+  }
+  return "(none)";
+}
+
+struct TimmCase {
+  std::string name, arch, args, dtype;
+};
+
+void PrintTo(const TimmCase& c, std::ostream* os) { *os << c.name << " (" << c.arch << ")"; }
+
+class TimmSnapshot : public ::testing::TestWithParam<TimmCase> {};
+
+TEST_P(TimmSnapshot, PredictsLikeTimmWithNoConfig) {
+  SKIP_WITHOUT_PYTHON("timm", "safetensors");
+  const auto& c = GetParam();
+  TempDir dir;
+  const std::string snap = dir / "snapshot", image = dir / "image.png", ref = dir / "ref.safetensors";
+  run_python("reference_models.py", "timm-snapshot " + test::quoted(snap) + " --arch " + c.arch + " --args " +
+                                        test::quoted(c.args) + " --labels '[\"ant\", \"bee\", \"cat\", \"dog\", \"eel\"]'" +
+                                        " --dtype " + c.dtype + " --image " + test::quoted(image) + " --ref " + test::quoted(ref));
+  auto model = load_model(snap);
+  const auto expected = safetensors::read(ref);
+  torch::Tensor pixels;
+  const auto logits = our_logits(model, image, &pixels);
+  const double pixel_diff = max_abs_diff(pixels, expected.tensor("pixels"));
+  const double logit_diff = max_abs_diff(logits, expected.tensor("logits"));
+  std::cout << c.name << ": max |d| pixels " << pixel_diff << ", logits " << logit_diff << "\n";
+  EXPECT_LE(pixel_diff, 1e-5) << "preprocessing differs from timm's";
+  EXPECT_LE(logit_diff, kLogitTolerance);
+  EXPECT_EQ(model.class_names, (std::vector<std::string>{"ant", "bee", "cat", "dog", "eel"}));
+  EXPECT_EQ(source_of(model, "preprocess"), "config.json: pretrained_cfg");
+  // save_for_hf keeps the pretrained tag in pretrained_cfg.tag, not in the architecture.
+  const std::string arch = c.arch.substr(0, c.arch.find('.'));
+  EXPECT_NE(source_of(model, "model").find("timm architecture " + arch), std::string::npos) << source_of(model, "model");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Architectures, TimmSnapshot,
+    ::testing::Values(
+        // timm's own pretrained tag in the name; centre crop at crop_pct 0.9, bicubic.
+        TimmCase{"small_token", "vit_small_patch16_224.augreg_in21k_ft_in1k",
+                 R"({"depth": 2, "embed_dim": 64, "num_heads": 2, "img_size": 32, "num_classes": 5})", "f32"},
+        // Patch 8, a rectangle, average pooling without a class token, LayerScale, half-precision weights.
+        TimmCase{"base8_avg_f16", "vit_base_patch8_224",
+                 R"({"depth": 2, "embed_dim": 48, "num_heads": 3, "img_size": [24, 40], "num_classes": 5,
+                     "global_pool": "avg", "class_token": false, "init_values": 0.1, "qkv_bias": false})",
+                 "f16"},
+        // Patch 14 (timm's huge), bfloat16.
+        TimmCase{"huge14_bf16", "vit_huge_patch14_224",
+                 R"({"depth": 1, "embed_dim": 32, "num_heads": 2, "img_size": 28, "num_classes": 5,
+                     "mlp_ratio": 2.0})",
+                 "bf16"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(HfSnapshot, PredictsLikeTransformersWithNoConfig) {
+  SKIP_WITHOUT_PYTHON("transformers", "safetensors");
+  for (const std::string dtype : {"f32", "bf16"}) {
+    TempDir dir;
+    const std::string snap = dir / "snapshot", image = dir / "image.png", ref = dir / "ref.safetensors";
+    run_python("reference_models.py",
+               "hf-snapshot " + test::quoted(snap) +
+                   " --config '{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                   "\"intermediate_size\": 128, \"image_size\": 32, \"patch_size\": 8, \"layer_norm_eps\": 1e-12, "
+                   "\"id2label\": {\"0\": \"cat\", \"1\": \"dog\", \"2\": \"eel\"}, "
+                   "\"label2id\": {\"cat\": 0, \"dog\": 1, \"eel\": 2}}'"
+                   " --processor '{\"size\": {\"height\": 32, \"width\": 32}, \"image_mean\": [0.4, 0.5, 0.6], "
+                   "\"image_std\": [0.2, 0.25, 0.3]}' --dtype " +
+                   dtype + " --image " + test::quoted(image) + " --ref " + test::quoted(ref));
+    auto model = load_model(snap);
+    const auto expected = safetensors::read(ref);
+    torch::Tensor pixels;
+    const auto logits = our_logits(model, image, &pixels);
+    const double pixel_diff = max_abs_diff(pixels, expected.tensor("pixels"));
+    const double logit_diff = max_abs_diff(logits, expected.tensor("logits"));
+    std::cout << "hf " << dtype << ": max |d| pixels " << pixel_diff << ", logits " << logit_diff << "\n";
+    EXPECT_LE(pixel_diff, 1e-5) << "preprocessing differs from ViTImageProcessor's";
+    expect_within_one_level(pixels, expected.tensor("pixels_torchvision"), model.preprocess);
+    EXPECT_LE(logit_diff, kLogitTolerance);
+    EXPECT_EQ(model.class_names, (std::vector<std::string>{"cat", "dog", "eel"}));
+    EXPECT_EQ(model.model.layer_norm_eps, 1e-12);
+    EXPECT_EQ(source_of(model, "preprocess"), "preprocessor_config.json: ViTImageProcessor");
+
+    // Fine-tuning from the folder: the backbone is copied, the head re-initialised for another class count.
+    ModelConfig other = model.model;
+    other.num_classes = 7;
+    VisionTransformer net(other);
+    const auto notes = load_for_finetune(snap, net);
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_NE(notes[0].find("head re-initialised"), std::string::npos);
+    EXPECT_TRUE(torch::equal(net->blocks[1]->as<Block>()->attn->qkv->weight,
+                             model.net->blocks[1]->as<Block>()->attn->qkv->weight));
+  }
+}
+
+// A small model of ours, random but with every tensor away from its init, saved as our own file.
+LoadedModel our_model(ModelConfig config, const Preprocess& preprocess, const std::string& path) {
+  torch::manual_seed(3);
+  VisionTransformer net(config);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) p.add_(torch::randn_like(p) * 0.05);
+  }
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < config.num_classes; ++i) names.push_back("class " + std::to_string(i));
+  save_model(path, net, preprocess, names);
+  return load_model(path);
+}
+
+// Inputs x.1 (batch 1) and x.3 (batch 3) for the checks, and our logits for them.
+std::map<std::string, torch::Tensor> write_inputs(LoadedModel& model, const std::string& path) {
+  const auto& m = model.model;
+  torch::manual_seed(4);
+  std::map<std::string, torch::Tensor> ours;
+  safetensors::NamedTensors inputs;
+  for (int64_t batch : {1, 3}) {
+    const auto x = torch::randn({batch, m.in_chans, m.img_h, m.img_w});
+    inputs.emplace_back("x." + std::to_string(batch), x);
+    torch::NoGradGuard no_grad;
+    ours["logits." + std::to_string(batch)] = model.net->forward(x);
+  }
+  safetensors::write(path, inputs, {});
+  return ours;
+}
+
+void expect_same_logits(const std::map<std::string, torch::Tensor>& ours, const safetensors::Archive& theirs,
+                        const std::string& what) {
+  for (const auto& [name, logits] : ours) {
+    const double diff = max_abs_diff(logits, theirs.tensor(name));
+    std::cout << what << " " << name << ": max |d| " << diff << "\n";
+    EXPECT_LE(diff, kLogitTolerance) << what << " " << name;
+  }
+}
+
+TEST(ExportTimm, LoadsInTimmStrictWithTheSameLogitsAndPreprocessing) {
+  SKIP_WITHOUT_PYTHON("timm", "safetensors");
+  TempDir dir;
+  Preprocess p;
+  p.crop_pct = 0.875, p.mean = {0.45, 0.5, 0.55}, p.std = {0.2, 0.3, 0.4};
+  ModelConfig token = test::tiny_vit(32, 8, 3, 4, 48, 2, 3, 2.0);
+  ModelConfig avg = test::tiny_vit(24, 8, 3, 4, 32, 2, 2, 4.0);
+  avg.img_w = 40, avg.global_pool = GlobalPool::avg, avg.class_token = false, avg.init_values = 0.1;
+  int round = 0;
+  for (const auto& config : {token, avg}) {
+    const std::string tag = std::to_string(round++);
+    auto model = our_model(config, p, dir / ("m" + tag + ".safetensors"));
+    const std::string out = dir / ("timm" + tag), image = dir / ("image" + tag + ".png");
+    export_model(model, {ExportFormat::timm, out, false});
+    // An image written by the reference script: a timm snapshot of anything makes one.
+    run_python("reference_models.py", "timm-snapshot " + test::quoted(dir / ("scratch" + tag)) +
+                                          " --arch vit_tiny_patch16_224 --args '{\"depth\": 1, \"img_size\": 32}'" +
+                                          " --image " + test::quoted(image) + " --ref " + test::quoted(dir / "scratch.ref"));
+    const auto ours = write_inputs(model, dir / "inputs.safetensors");
+    const std::string labels =
+        run_python("reference_models.py", "check-timm " + test::quoted(out) + " --inputs " +
+                                              test::quoted(dir / "inputs.safetensors") + " --image " + test::quoted(image) +
+                                              " --ref " + test::quoted(dir / "check.safetensors"));
+    const auto theirs = safetensors::read(dir / "check.safetensors");
+    expect_same_logits(ours, theirs, "timm export " + tag);
+    torch::Tensor pixels;
+    our_logits(model, image, &pixels);
+    EXPECT_LE(max_abs_diff(pixels, theirs.tensor("pixels")), 1e-5) << "timm reads another preprocessing";
+    EXPECT_NE(labels.find("class 3"), std::string::npos) << labels;
+    // And back: the snapshot loads here as the model it came from.
+    auto again = load_model(out);
+    EXPECT_EQ(to_json(again.model), to_json(model.model));
+    EXPECT_EQ(again.class_names, model.class_names);
+  }
+}
+
+TEST(ExportHf, LoadsInTransformersWithTheSameLogitsAndPreprocessing) {
+  SKIP_WITHOUT_PYTHON("transformers", "safetensors");
+  TempDir dir;
+  Preprocess p;
+  p.crop_pct = 1.0, p.crop_mode = CropMode::squash, p.interpolation = Interpolation::bilinear;
+  ModelConfig config = test::tiny_vit(32, 8, 3, 5, 48, 2, 3, 2.0);
+  config.layer_norm_eps = 1e-12;
+  auto model = our_model(config, p, dir / "m.safetensors");
+  const std::string out = dir / "hf", image = dir / "image.png";
+  export_model(model, {ExportFormat::hf, out, false});
+  run_python("reference_models.py", "timm-snapshot " + test::quoted(dir / "scratch") +
+                                        " --arch vit_tiny_patch16_224 --args '{\"depth\": 1, \"img_size\": 32}'" +
+                                        " --image " + test::quoted(image) + " --ref " + test::quoted(dir / "scratch.ref"));
+  const auto ours = write_inputs(model, dir / "inputs.safetensors");
+  const std::string labels =
+      run_python("reference_models.py", "check-hf " + test::quoted(out) + " --inputs " + test::quoted(dir / "inputs.safetensors") +
+                                            " --image " + test::quoted(image) + " --ref " + test::quoted(dir / "check.safetensors"));
+  const auto theirs = safetensors::read(dir / "check.safetensors");
+  expect_same_logits(ours, theirs, "hf export");
+  torch::Tensor pixels;
+  our_logits(model, image, &pixels);
+  EXPECT_LE(max_abs_diff(pixels, theirs.tensor("pixels")), 1e-5) << "ViTImageProcessor reads another preprocessing";
+  expect_within_one_level(pixels, theirs.tensor("pixels_torchvision"), model.preprocess);
+  EXPECT_NE(labels.find("class 4"), std::string::npos) << labels;
+  auto again = load_model(out);
+  EXPECT_EQ(again.class_names, model.class_names);
+  EXPECT_LE(max_abs_diff(again.net->forward(theirs.tensor("pixels")), model.net->forward(theirs.tensor("pixels"))),
+            1e-6);
+}
+
+TEST(Export, WhatTheFormatCannotRepresentFailsAndLeavesNothing) {
+  TempDir dir;
+  ModelConfig avg = test::tiny_vit(16, 8, 3, 2, 16, 1, 2, 2.0);
+  avg.global_pool = GlobalPool::avg;
+  auto model = our_model(avg, Preprocess{}, dir / "avg.safetensors");
+  EXPECT_NE(error_of([&] { export_model(model, {ExportFormat::hf, dir / "hf", false}); }).find("average pooling"),
+            std::string::npos);
+  ModelConfig rel = test::tiny_vit(16, 8, 3, 2, 16, 1, 2, 2.0);
+  rel.rel_pos_bias = true;
+  auto relative = our_model(rel, Preprocess{}, dir / "rel.safetensors");
+  EXPECT_NE(error_of([&] { export_model(relative, {ExportFormat::timm, dir / "timm", false}); })
+                .find("relative position bias"),
+            std::string::npos);
+  Preprocess cropped;
+  cropped.crop_pct = 0.9;
+  auto token = our_model(test::tiny_vit(16, 8, 3, 2, 16, 1, 2, 2.0), cropped, dir / "token.safetensors");
+  EXPECT_NE(error_of([&] { export_model(token, {ExportFormat::hf, dir / "hf", false}); }).find("crop_pct"),
+            std::string::npos);
+  // An existing folder is never merged into or replaced.
+  make_dirs(dir / "taken");
+  const auto taken = error_of([&] { export_model(token, {ExportFormat::timm, dir / "taken", false}); });
+  EXPECT_NE(taken.find("already exists"), std::string::npos) << taken;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    const auto name = entry.path().filename().string();
+    EXPECT_TRUE(name.find(".safetensors") != std::string::npos || name == "taken") << "left behind: " << name;
+  }
+}
+
+TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
+  TempDir dir;
+  // A pickle checkpoint, by name or by its first bytes: refused, never unpickled.
+  test::write_bytes(dir / "model.bin", std::string("PK\3\4rest of a zip", 17));
+  const auto pickle = error_of([&] { load_model(dir / "model.bin"); });
+  EXPECT_NE(pickle.find(dir / "model.bin"), std::string::npos) << pickle;
+  EXPECT_NE(pickle.find("safetensors"), std::string::npos) << pickle;
+  test::write_bytes(dir / "torch_only/pytorch_model.bin", std::string("\x80\x02}q\0.", 6));
+  test::write_bytes(dir / "torch_only/config.json", R"({"architecture": "vit_tiny_patch16_224"})");
+  EXPECT_NE(error_of([&] { load_model(dir / "torch_only"); }).find("pytorch_model.bin: a pickle checkpoint"),
+            std::string::npos);
+
+  auto refusal = [&](const std::string& name, const std::string& config) {
+    test::write_bytes(dir / (name + "/config.json"), config);
+    test::write_bytes(dir / (name + "/model.safetensors"), "");
+    return error_of([&] { load_model(dir / name); });
+  };
+  EXPECT_NE(refusal("clip", R"({"architecture": "vit_base_patch16_clip_224.openai", "num_classes": 0})")
+                .find("needs pre_norm and quick_gelu"),
+            std::string::npos);
+  EXPECT_NE(refusal("reg", R"({"architecture": "vit_small_patch16_224",
+                               "model_args": {"reg_tokens": 4}})")
+                .find("model_args.reg_tokens = 4 is not supported"),
+            std::string::npos);
+  EXPECT_NE(refusal("deit", R"({"model_type": "deit"})").find("distillation token"), std::string::npos);
+  EXPECT_NE(refusal("deit_distilled", R"({"architecture": "deit_base_distilled_patch16_224"})").find("dist_token"),
+            std::string::npos);
+  // timm's DeiT without distillation is its plain ViT: the sizes come from the name.
+  refusal("deit_small", R"({"architecture": "deit_small_patch16_224.fb_in1k", "num_classes": 1000,
+                            "pretrained_cfg": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
+                                               "crop_pct": 0.875}})");
+  const auto deit = read_snapshot(dir / "deit_small");
+  EXPECT_EQ(deit.model.embed_dim, 384);
+  EXPECT_EQ(deit.model.num_heads, 6);
+  EXPECT_EQ(deit.preprocess.crop_pct, 0.875);
+  EXPECT_NE(refusal("gelu", R"({"model_type": "vit", "hidden_act": "gelu_new"})").find("hidden_act \"gelu_new\""),
+            std::string::npos);
+  EXPECT_NE(refusal("empty", R"({"foo": 1})").find("neither a timm config"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_model(dir.path()); }).find("without config.json"), std::string::npos);
+}
+
+TEST(SnapshotNames, EveryTimmTensorHasOneHfNameAndBack) {
+  ModelConfig config = test::tiny_vit(16, 8, 3, 2, 16, 2, 2, 2.0);
+  VisionTransformer net(config);
+  std::vector<std::string> hf;
+  std::map<std::string, std::string> ours_of;
+  for (const auto& [name, tensor] : state_tensors(net)) {
+    if (name.find(".attn.qkv.") != std::string::npos) {
+      for (const auto& part : hf_qkv_names(name)) hf.push_back(part), ours_of[part] = name;
+    } else {
+      ASSERT_FALSE(hf_name(name).empty()) << name;
+      hf.push_back(hf_name(name)), ours_of[hf_name(name)] = name;
+    }
+  }
+  const auto back = snapshot_names(SnapshotKind::hf, hf, "x");
+  EXPECT_EQ(back.size(), state_tensors(net).size());
+  for (const auto& [ours, theirs] : back) {
+    for (const auto& name : theirs) EXPECT_EQ(ours_of.at(name), ours);
+  }
+  EXPECT_NE(error_of([&] { snapshot_names(SnapshotKind::hf, {"vit.encoder.layer.0.crossattention.w"}, "f"); })
+                .find("f: tensors that a Hugging Face ViT does not have: vit.encoder.layer.0.crossattention.w"),
+            std::string::npos);
+}
+
+TEST(SnapshotCli, PredictAndInfoNeedNoConfig) {
+  SKIP_WITHOUT_PYTHON("timm", "safetensors");
+  TempDir dir;
+  const std::string snap = dir / "snapshot", image = dir / "image.png";
+  run_python("reference_models.py", "timm-snapshot " + test::quoted(snap) +
+                                        " --arch vit_tiny_patch16_224 --args '{\"depth\": 1, \"img_size\": 32, "
+                                        "\"num_classes\": 5}' --labels '[\"a\", \"b\", \"c\", \"d\", \"e\"]'"
+                                        " --image " + test::quoted(image) + " --ref " + test::quoted(dir / "ref"));
+  const auto info = test::run_vit("info --checkpoint " + test::quoted(snap));
+  ASSERT_EQ(info.status, 0) << info.errors;
+  EXPECT_NE(info.output.find("preprocess  from config.json: pretrained_cfg"), std::string::npos) << info.output;
+  EXPECT_NE(info.output.find("class_names from config.json: label_names"), std::string::npos) << info.output;
+  const auto predict = test::run_vit("predict --checkpoint " + test::quoted(snap) + " --json " + test::quoted(image));
+  ASSERT_EQ(predict.status, 0) << predict.errors;
+  EXPECT_NE(predict.output.find("\"label\""), std::string::npos) << predict.output;
+  const auto exported = test::run_vit("export --checkpoint " + test::quoted(snap) + " --format vit --out " +
+                                      test::quoted(dir / "ours.safetensors"));
+  ASSERT_EQ(exported.status, 0) << exported.errors;
+  EXPECT_EQ(load_model(dir / "ours.safetensors").class_names, (std::vector<std::string>{"a", "b", "c", "d", "e"}));
+}
+
+// The README's one command: a timm snapshot out to ONNX, run by onnxruntime on our preprocessed image and a batch
+// of 3, with each block's attention as outputs and our metadata in the file.
+TEST(ExportOnnxCli, TimmSnapshotToOnnxRunsInOnnxruntime) {
+  SKIP_WITHOUT_PYTHON("timm", "onnx", "onnxruntime");
+  if (!onnx_export_available()) GTEST_SKIP() << "built without ONNX support (VIT_WITH_ONNX=OFF)";
+  TempDir dir;
+  const std::string snap = dir / "snapshot", image = dir / "image.png", onnx = dir / "out/model.onnx";
+  run_python("reference_models.py", "timm-snapshot " + test::quoted(snap) +
+                                        " --arch vit_small_patch16_224 --args '{\"depth\": 2, \"embed_dim\": 48, "
+                                        "\"num_heads\": 3, \"img_size\": 32, \"num_classes\": 5}'"
+                                        " --image " + test::quoted(image) + " --ref " + test::quoted(dir / "ref"));
+  const auto exported = test::run_vit("export --checkpoint " + test::quoted(snap) + " --format onnx --attention --out " +
+                                      test::quoted(onnx));
+  ASSERT_EQ(exported.status, 0) << exported.errors;
+  auto model = load_model(snap);
+  torch::Tensor pixels;
+  const auto logits = our_logits(model, image, &pixels);
+  torch::manual_seed(5);
+  const auto batch = torch::randn({3, 3, 32, 32});
+  safetensors::write(dir / "in.safetensors", {{"image", pixels}, {"batch", batch}}, {});
+  const auto printed = run_python("reference_onnx.py", test::quoted(onnx) + " " + test::quoted(dir / "in.safetensors") +
+                                                           " " + test::quoted(dir / "out.safetensors"));
+  const auto theirs = safetensors::read(dir / "out.safetensors");
+  torch::NoGradGuard no_grad;
+  const double image_diff = max_abs_diff(logits, theirs.tensor("image/logits"));
+  const double batch_diff = max_abs_diff(model.net->forward(batch), theirs.tensor("batch/logits"));
+  Capture capture;
+  capture.attention = true;
+  model.net->forward_features(batch, {}, &capture);
+  const double attention_diff = max_abs_diff(capture.attention_probs[1], theirs.tensor("batch/attention.1"));
+  std::cout << "onnx export: max |d| logits " << image_diff << " (image), " << batch_diff << " (batch 3), attention "
+            << attention_diff << "\n";
+  EXPECT_LE(image_diff, kLogitTolerance);
+  EXPECT_LE(batch_diff, kLogitTolerance);
+  EXPECT_LE(attention_diff, 1e-5);
+  const auto info = nlohmann::json::parse(printed);
+  bool has_classes = false;
+  for (const auto& prop : info["metadata_props"]) has_classes = has_classes || prop[0] == "class_names";
+  EXPECT_TRUE(has_classes) << printed;
+  EXPECT_EQ(info["inputs"][0]["name"], "pixel_values");
+  EXPECT_EQ(info["outputs"][0]["name"], "logits");
+  // A failed export leaves nothing: an unrepresentable request, and a directory in the way.
+  const auto bad = test::run_vit("export --checkpoint " + test::quoted(snap) + " --format timm --attention --out " +
+                                 test::quoted(dir / "x"));
+  EXPECT_EQ(bad.status, 2) << bad.errors;
+  EXPECT_FALSE(file_exists(dir / "x"));
+}
+
+}  // namespace
+}  // namespace vit
