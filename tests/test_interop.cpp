@@ -282,6 +282,11 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
   const auto pickle = error_of([&] { load_model(dir / "model.bin"); });
   EXPECT_NE(pickle.find(dir / "model.bin"), std::string::npos) << pickle;
   EXPECT_NE(pickle.find("safetensors"), std::string::npos) << pickle;
+  test::write_bytes(dir / "model.weights", std::string("PK\3\4\x14\0\0\0\x08\0", 10));  // a zip, whatever its name
+  EXPECT_NE(error_of([&] { refuse_pickle(dir / "model.weights"); }).find("pickle checkpoint"), std::string::npos);
+  // A safetensors file whose 640-byte header length starts with the bytes of a pickle's protocol 2 is not one.
+  test::write_bytes(dir / "640.safetensors", std::string("\x80\x02\0\0\0\0\0\0{}", 10));
+  EXPECT_EQ(error_of([&] { refuse_pickle(dir / "640.safetensors"); }), "(no error)");
   test::write_bytes(dir / "torch_only/pytorch_model.bin", std::string("\x80\x02}q\0.", 6));
   test::write_bytes(dir / "torch_only/config.json", R"({"architecture": "vit_tiny_patch16_224"})");
   EXPECT_NE(error_of([&] { load_model(dir / "torch_only"); }).find("pytorch_model.bin: a pickle checkpoint"),

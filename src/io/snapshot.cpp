@@ -47,12 +47,16 @@ const char* const kPickleNames[] = {"pytorch_model.bin", "model.bin", "open_clip
 
 bool starts_like_pickle(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  char head[4] = {};
-  in.read(head, 4);
-  if (in.gcount() < 2) return false;
+  unsigned char head[8] = {};
+  in.read(reinterpret_cast<char*>(head), 8);
+  if (in.gcount() < 8) return false;
+  // A safetensors file opens with its header length, a little-endian u64 below 100 MB: bytes 4..7 are zero, and
+  // bytes 0..1 may well read 0x80 0x02 (a 640-byte header). A zip's local header (version, flags) and a pickle's
+  // opening opcodes do not leave them zero.
+  if (head[4] == 0 && head[5] == 0 && head[6] == 0 && head[7] == 0) return false;
   // torch.save: a zip archive ("PK\3\4") or, before PyTorch 1.6, a raw pickle (protocol 2+: 0x80 then 2..5).
   return (head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4) ||
-         (static_cast<unsigned char>(head[0]) == 0x80 && head[1] >= 2 && head[1] <= 5);
+         (head[0] == 0x80 && head[1] >= 2 && head[1] <= 5);
 }
 
 // The resize filter of a PIL resample code (preprocessor_config.json) or a timm interpolation name.
