@@ -15,9 +15,14 @@ struct InfoOptions {
   std::string checkpoint;
   ConfigArgs config;
   bool json = false;
+  bool presets = false;
 };
 
 int run_info(const InfoOptions& options) {
+  if (options.presets) {
+    for (const auto& name : preset_names()) std::cout << name << "\n";
+    return kOk;
+  }
   ModelConfig model;
   Preprocess preprocess;
   std::vector<std::string> classes;
@@ -64,7 +69,7 @@ int run_info(const InfoOptions& options) {
   std::printf("parameters  %lld\nforward     %.3f GMACs per image (%lldx%lld input, %lld tokens)\n\n",
               static_cast<long long>(params), gmacs, static_cast<long long>(model.img_h),
               static_cast<long long>(model.img_w),
-              static_cast<long long>(model.grid_h() * model.grid_w() + (model.class_token ? 1 : 0)));
+              static_cast<long long>(model.grid_h() * model.grid_w() + model.num_prefix_tokens()));
   std::printf("%-26s %-12s %12s %14s\n", "layer", "output", "params", "MMACs");
   for (const auto& c : costs) {
     std::printf("%-26s %-12s %12lld %14.3f\n", c.name.c_str(), c.output.c_str(), static_cast<long long>(c.params),
@@ -82,6 +87,8 @@ void setup_info(CLI::App& app, int& status) {
       ->check(CLI::ExistingPath);
   add_config_args(command, options->config);
   command->add_flag("--json", options->json, "print one JSON object");
+  command->add_flag("--presets", options->presets,
+                    "list the model presets (timm's architecture names that vit builds) and exit");
   command->callback([options, &status] { status = run_info(*options); });
 }
 

@@ -85,7 +85,9 @@ TEST(ConfigRoundTrip, ToJsonParsesBackToTheSameConfig) {
 const char* const kEveryKey = R"({
   "model": {"preset": "vit_small_patch16_224", "img_size": [64, 96], "patch_size": 8, "in_chans": 1,
             "num_classes": 7, "embed_dim": 96, "depth": 3, "num_heads": 4, "mlp_ratio": 3.0, "qkv_bias": false,
-            "class_token": false, "global_pool": "avg", "drop_rate": 0.1, "attn_drop_rate": 0.2,
+            "class_token": false, "reg_tokens": 2, "no_embed_class": true, "pre_norm": true,
+            "global_pool": "avg", "final_norm": false, "fc_norm": false, "qk_norm": true,
+            "act_layer": "quick_gelu", "drop_rate": 0.1, "attn_drop_rate": 0.2,
             "proj_drop_rate": 0.3, "drop_path_rate": 0.4, "init_values": 0.001, "layer_norm_eps": 1e-5,
             "rel_pos_bias": true},
   "data": {"mean": [0.25], "std": [0.75], "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "squash",
@@ -152,7 +154,8 @@ TEST(ConfigKeys, EachIsDocumentedInTheConfigHeaders) {
 
 TEST(ConfigEnums, EveryClosedSetRejectsOtherSpellingsNamingTheChoices) {
   const std::vector<std::pair<const char*, const char*>> cases{
-      {R"({"model": {"global_pool": "max"}})", "model.global_pool: \"max\" is not one of: token, avg"},
+      {R"({"model": {"global_pool": "max"}})", "model.global_pool: \"max\" is not one of: token, avg, map"},
+      {R"({"model": {"act_layer": "relu"}})", "model.act_layer: \"relu\" is not one of: gelu, quick_gelu, gelu_tanh"},
       {R"({"data": {"format": "imagenet"}})",
        "data.format: \"imagenet\" is not one of: folder, csv, mnist, fashion_mnist, cifar10, cifar100"},
       {R"({"data": {"on_bad_image": "ignore"}})", "data.on_bad_image: \"ignore\" is not one of: fail, skip"},

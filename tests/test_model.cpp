@@ -145,7 +145,7 @@ TEST(ModelRelativeBias, ChangesAttentionAndTrains) {
   ASSERT_TRUE(attn->relative_position_bias_table.defined());
   EXPECT_EQ(attn->relative_position_bias_table.sizes(), (std::vector<int64_t>{7 * 7 + 3, 4}));
   // Index: same offset -> same entry; the class token has its own entries.
-  const auto index = relative_position_index(4, 4, 4, 4, true);
+  const auto index = relative_position_index(4, 4, 4, 4, 1);
   EXPECT_EQ(index[1][2].item<int64_t>(), index[5][6].item<int64_t>());  // both (0, -1)
   EXPECT_EQ(index[0][3].item<int64_t>(), 49);
   EXPECT_EQ(index[3][0].item<int64_t>(), 50);

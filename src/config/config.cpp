@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/timm_architectures.h"
 #include "util/fields.h"
 #include "util/fs.h"
 
@@ -70,6 +71,17 @@ class Section {
         out = v->get<double>();
       } else {
         fail(source_, path(key), show(*v) + " is not a number or null");
+      }
+    }
+  }
+  void read(const std::string& key, std::optional<bool>& out) {
+    if (const json* v = take(key)) {
+      if (v->is_null()) {
+        out.reset();
+      } else if (v->is_boolean()) {
+        out = v->get<bool>();
+      } else {
+        fail(source_, path(key), show(*v) + " is not true, false or null");
       }
     }
   }
@@ -172,21 +184,30 @@ int64_t parse_count(const std::string& text) {
 }
 }  // namespace
 
+namespace {
+ModelConfig timm_architecture_preset(const TimmArchitecture& arch);
+}  // namespace
+
 std::vector<std::string> preset_names() {
-  std::vector<std::string> names;
+  std::set<std::string> names;
+  for (const auto& arch : kTimmArchitectures) names.insert(arch.name);
   for (const auto& size : kPlainSizes) {
     for (int64_t patch : kPlainPatches) {
       for (int res : {224, 384}) {
         if (res % patch != 0) continue;
-        names.push_back(std::string("vit_") + size.name + "_patch" + std::to_string(patch) + "_" + std::to_string(res));
+        names.insert(std::string("vit_") + size.name + "_patch" + std::to_string(patch) + "_" + std::to_string(res));
       }
     }
   }
-  return names;
+  return {names.begin(), names.end()};
 }
 
 ModelConfig model_preset(const std::string& name) {
-  // vit_{size}_patch{P}_{resolution}: timm's plain ViT names (its other variants change more than sizes).
+  // timm's registered architectures that we build (config/timm_architectures.h), then the plain-ViT rule
+  // vit_{size}_patch{P}_{resolution}, which also names sizes timm does not register (vit_tiny_patch8_224).
+  for (const auto& arch : kTimmArchitectures) {
+    if (name == arch.name) return timm_architecture_preset(arch);
+  }
   ModelConfig m;
   m.preset = name;
   const std::string prefix = "vit_";
@@ -207,8 +228,9 @@ ModelConfig model_preset(const std::string& name) {
   }
   if (!known) {
     throw std::invalid_argument("unknown model preset \"" + name +
-                                "\" (known: timm's plain ViT names vit_{tiny,small,base,large,huge}_patch{8,14,16,32}"
-                                "_{224,384}, e.g. vit_base_patch16_224)");
+                                "\" (known: timm's ViT architecture names, e.g. vit_base_patch16_224, "
+                                "deit3_small_patch16_224, vit_small_patch14_reg4_dinov2, vit_base_patch16_clip_224, "
+                                "vit_base_patch16_siglip_224; `vit info --presets` lists them)");
   }
   return m;
 }
@@ -230,7 +252,9 @@ void validate(const ModelConfig& m, const std::string& source) {
         std::to_string(m.num_heads) + " does not divide embed_dim " + std::to_string(m.embed_dim));
   check(m.mlp_ratio > 0, source, path("mlp_ratio"), num(m.mlp_ratio) + " must be positive");
   check(m.global_pool != GlobalPool::token || m.class_token, source, path("global_pool"),
-        "\"token\" pooling needs class_token true (use \"avg\")");
+        "\"token\" pooling needs class_token true (use \"avg\" or \"map\")");
+  check(m.reg_tokens >= 0 && m.reg_tokens <= 256, source, path("reg_tokens"),
+        std::to_string(m.reg_tokens) + " is out of range [0, 256]");
   check_range(m.drop_rate, 0, 1, true, source, path("drop_rate"));
   check_range(m.attn_drop_rate, 0, 1, true, source, path("attn_drop_rate"));
   check_range(m.proj_drop_rate, 0, 1, true, source, path("proj_drop_rate"));
@@ -251,7 +275,8 @@ void visit_model(Model& m, Visitor& v) {
   v.size("img_size", m.img_h, m.img_w);
   VIT_VISIT_FIELDS(v, m,
                    patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias, class_token,
-                   global_pool, drop_rate, attn_drop_rate, proj_drop_rate, drop_path_rate, init_values, layer_norm_eps,
+                   reg_tokens, no_embed_class, pre_norm, global_pool, final_norm, fc_norm, qk_norm, act_layer,
+                   drop_rate, attn_drop_rate, proj_drop_rate, drop_path_rate, init_values, layer_norm_eps,
                    rel_pos_bias);
 }
 
@@ -317,6 +342,19 @@ struct Reader {
   }
 };
 
+// A timm architecture's model section, read by the same reader as a config's (its spelling is ours).
+ModelConfig timm_architecture_preset(const TimmArchitecture& arch) {
+  ModelConfig m;
+  const std::string source = std::string("timm architecture ") + arch.name;
+  const json section = json::parse(arch.model);
+  Section s(section, "model", source);
+  Reader reader{s};
+  visit_model(m, reader);
+  s.finish();
+  m.preset = arch.name;
+  return m;
+}
+
 // to_json: enums as their spelling, an absent optional as null.
 struct Writer {
   json& j;
@@ -328,7 +366,8 @@ struct Writer {
       j[key] = field;
     }
   }
-  void operator()(const char* key, const std::optional<double>& field) {
+  template <typename T>
+  void operator()(const char* key, const std::optional<T>& field) {
     j[key] = field ? json(*field) : json(nullptr);
   }
   void preset(const char* key, const std::string& name) {

@@ -12,9 +12,14 @@
 
 namespace vit {
 
-// What the head reads: the class token, or the mean of the patch tokens (then through fc_norm).
-enum class GlobalPool { token, avg };
-VIT_ENUM_NAMES(GlobalPool, "token", "avg");
+// What the head reads: the class token, the mean of the patch tokens, or an attention-pooling head over the patch
+// tokens ("map": a learned latent query, timm's AttentionPoolLatent, as SigLIP).
+enum class GlobalPool { token, avg, map };
+VIT_ENUM_NAMES(GlobalPool, "token", "avg", "map");
+
+// The MLP's activation (timm's act_layer): exact GELU (nn.GELU), CLIP's x * sigmoid(1.702 x), or tanh-approximate GELU.
+enum class Activation { gelu, quick_gelu, gelu_tanh };
+VIT_ENUM_NAMES(Activation, "gelu", "quick_gelu", "gelu_tanh");
 
 // Architecture of a Vision Transformer; field names equal timm's constructor arguments.
 struct ModelConfig {
@@ -30,7 +35,14 @@ struct ModelConfig {
   double mlp_ratio = 4.0;        // MLP hidden width = embed_dim * mlp_ratio
   bool qkv_bias = true;          // bias on the fused qkv projection
   bool class_token = true;       // prepend a learned class token
-  GlobalPool global_pool = GlobalPool::token;  // token: the class token; avg: mean of patch tokens, with fc_norm
+  int64_t reg_tokens = 0;        // learned register tokens after the class token (DINOv2 with registers): prefix tokens
+  bool no_embed_class = false;   // pos_embed covers the patches only; prefix tokens get none (DeiT-3, DINOv2 registers)
+  bool pre_norm = false;         // LayerNorm norm_pre after the position embedding, patch_embed without bias (CLIP)
+  GlobalPool global_pool = GlobalPool::token;  // token: the class token; avg: mean of patch tokens; map: attn_pool
+  bool final_norm = true;        // false: neither norm nor fc_norm after the blocks
+  std::optional<bool> fc_norm;   // norm after pooling (fc_norm) instead of before it (norm); null = exactly with avg
+  bool qk_norm = false;          // LayerNorm over each head's queries and keys (q_norm, k_norm) before q k^T
+  Activation act_layer = Activation::gelu;  // MLP activation (also attn_pool's MLP)
   double drop_rate = 0.0;        // dropout before the head
   double attn_drop_rate = 0.0;   // dropout on attention probabilities
   double proj_drop_rate = 0.0;   // dropout after attention/MLP projections
@@ -42,6 +54,12 @@ struct ModelConfig {
   int64_t grid_h() const { return img_h / patch_size; }
   int64_t grid_w() const { return img_w / patch_size; }
   int64_t head_dim() const { return embed_dim / num_heads; }
+  // Tokens before the patches: the class token, then the register tokens.
+  int64_t num_prefix_tokens() const { return (class_token ? 1 : 0) + reg_tokens; }
+  // Rows of pos_embed that belong to prefix tokens (none with no_embed_class).
+  int64_t pos_embed_prefix() const { return no_embed_class ? 0 : num_prefix_tokens(); }
+  // Whether the final norm sits after pooling (fc_norm) rather than on every token (norm): timm's use_fc_norm.
+  bool use_fc_norm() const { return fc_norm.value_or(global_pool == GlobalPool::avg); }
 };
 
 // Names of the presets (vit_tiny_patch16_224, ...).

@@ -57,7 +57,7 @@ PatchEmbedImpl::PatchEmbedImpl(const ModelConfig& config) : patch_size(config.pa
   proj = register_module(
       "proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(config.in_chans, config.embed_dim, config.patch_size)
                                     .stride(config.patch_size)
-                                    .bias(true)));
+                                    .bias(!config.pre_norm)));
 }
 
 torch::Tensor PatchEmbedImpl::forward(const torch::Tensor& x) {
@@ -80,11 +80,11 @@ torch::Tensor PatchEmbedImpl::forward(const torch::Tensor& x) {
 // ---- relative position bias ----
 
 torch::Tensor relative_position_index(int64_t trained_h, int64_t trained_w, int64_t grid_h, int64_t grid_w,
-                                      bool class_token) {
+                                      int64_t prefix_tokens) {
   const int64_t span_w = 2 * trained_w - 1;
   const int64_t patch_entries = (2 * trained_h - 1) * span_w;
   const int64_t patches = grid_h * grid_w;
-  const int64_t prefix = class_token ? 1 : 0;
+  const int64_t prefix = prefix_tokens;
   const int64_t tokens = patches + prefix;
   auto index = torch::empty({tokens, tokens}, torch::kInt64);
   auto acc = index.accessor<int64_t, 2>();
@@ -97,12 +97,12 @@ torch::Tensor relative_position_index(int64_t trained_h, int64_t trained_w, int6
       acc[i + prefix][j + prefix] = dy * span_w + dx;
     }
   }
-  if (class_token) {
-    for (int64_t t = 1; t < tokens; ++t) {
-      acc[0][t] = patch_entries;      // class -> patch
-      acc[t][0] = patch_entries + 1;  // patch -> class
+  for (int64_t i = 0; i < prefix; ++i) {
+    for (int64_t t = prefix; t < tokens; ++t) {
+      acc[i][t] = patch_entries;      // prefix -> patch
+      acc[t][i] = patch_entries + 1;  // patch -> prefix
     }
-    acc[0][0] = patch_entries + 2;  // class -> class
+    for (int64_t j = 0; j < prefix; ++j) acc[i][j] = patch_entries + 2;  // prefix -> prefix
   }
   return index;
 }
@@ -116,14 +116,19 @@ AttentionImpl::AttentionImpl(const ModelConfig& config)
       head_dim(config.head_dim()),
       scale(1.0 / std::sqrt(static_cast<double>(config.head_dim()))),
       trained_grid{config.grid_h(), config.grid_w()},
-      class_token(config.class_token),
+      prefix_tokens(config.num_prefix_tokens()),
       attn_drop(config.attn_drop_rate),
       proj_drop(config.proj_drop_rate) {
   const int64_t dim = config.embed_dim;
   qkv = register_module("qkv", Linear(dim, 3 * dim, config.qkv_bias));
+  if (config.qk_norm) {
+    auto options = torch::nn::LayerNormOptions({head_dim}).eps(config.layer_norm_eps);
+    q_norm = register_module("q_norm", torch::nn::LayerNorm(options));
+    k_norm = register_module("k_norm", torch::nn::LayerNorm(options));
+  }
   proj = register_module("proj", Linear(dim, dim));
   if (config.rel_pos_bias) {
-    const int64_t entries = (2 * trained_grid[0] - 1) * (2 * trained_grid[1] - 1) + (class_token ? 3 : 0);
+    const int64_t entries = (2 * trained_grid[0] - 1) * (2 * trained_grid[1] - 1) + (prefix_tokens > 0 ? 3 : 0);
     relative_position_bias_table =
         register_parameter("relative_position_bias_table", torch::zeros({entries, num_heads}));
   }
@@ -131,7 +136,7 @@ AttentionImpl::AttentionImpl(const ModelConfig& config)
 
 torch::Tensor AttentionImpl::relative_bias(std::array<int64_t, 2> grid) {
   if (!relative_position_bias_table.defined()) return {};
-  auto index = relative_position_index(trained_grid[0], trained_grid[1], grid[0], grid[1], class_token)
+  auto index = relative_position_index(trained_grid[0], trained_grid[1], grid[0], grid[1], prefix_tokens)
                    .to(relative_position_bias_table.device());
   const int64_t tokens = index.size(0);
   auto bias = relative_position_bias_table.index_select(0, index.view(-1));  // (N*N, nh)
@@ -143,7 +148,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t,
   const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
   const auto fused = linear(x, qkv->weight, qkv->bias);  // (B, N, 3D)
   const bool dropping = is_training() && attn_drop > 0.0;
-  const bool plain = !mask.defined() && !relative_position_bias_table.defined() && !dropping && !head_mask.defined();
+  const bool plain = !mask.defined() && !relative_position_bias_table.defined() && !dropping && !head_mask.defined() &&
+                     !q_norm;
   if (kernel == AttentionKernel::automatic && !sdpa_available() && plain && probs_out == nullptr &&
       attention_core_applies(fused)) {
     // CPU float32: q, k, v read in place from the fused projection, heads in parallel (model/cpu_kernels.h).
@@ -156,6 +162,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t,
   }
   auto qkv_out = fused.reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});  // (3, B, nh, N, hd)
   auto q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];  // (B, nh, N, hd) each
+  if (q_norm) q = q_norm->forward(q), k = k_norm->forward(k);
   const auto bias = relative_bias(grid);                // (nh, N, N) or undefined
 
   torch::Tensor out;  // (B, nh, N, hd)
@@ -195,13 +202,25 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t,
 
 // ---- Mlp, LayerScale, Block ----
 
-MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop) : drop(drop) {
+torch::Tensor activation(const torch::Tensor& x, Activation act) {
+  switch (act) {
+    case Activation::gelu:
+      return torch::gelu(x);  // exact (erf) GELU, as timm's nn.GELU
+    case Activation::quick_gelu:
+      return x * torch::sigmoid(1.702 * x);  // timm's quick_gelu (OpenAI CLIP)
+    case Activation::gelu_tanh:
+      return torch::gelu(x, "tanh");
+  }
+  throw std::logic_error("unknown activation");
+}
+
+MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act) : drop(drop), act(act) {
   fc1 = register_module("fc1", Linear(dim, hidden));
   fc2 = register_module("fc2", Linear(hidden, dim));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  auto h = torch::gelu(linear(x, fc1->weight, fc1->bias));  // exact (erf) GELU, as timm's nn.GELU
+  auto h = activation(linear(x, fc1->weight, fc1->bias), act);
   if (drop > 0.0 && is_training()) h = torch::dropout(h, /*p=*/drop, /*train=*/true);
   h = linear(h, fc2->weight, fc2->bias);
   if (drop > 0.0 && is_training()) h = torch::dropout(h, /*p=*/drop, /*train=*/true);
@@ -220,7 +239,7 @@ BlockImpl::BlockImpl(const ModelConfig& config, double drop_path_rate) : drop_pa
   if (config.init_values) ls1 = register_module("ls1", LayerScale(dim, *config.init_values));
   norm2 = register_module("norm2", ln());
   const auto hidden = static_cast<int64_t>(static_cast<double>(dim) * config.mlp_ratio);
-  mlp = register_module("mlp", Mlp(dim, hidden, config.proj_drop_rate));
+  mlp = register_module("mlp", Mlp(dim, hidden, config.proj_drop_rate, config.act_layer));
   if (config.init_values) ls2 = register_module("ls2", LayerScale(dim, *config.init_values));
 }
 
@@ -234,6 +253,37 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> 
   return y + drop_path(m, drop_path_rate, is_training());
 }
 
+// ---- AttentionPool ----
+
+AttentionPoolImpl::AttentionPoolImpl(const ModelConfig& config)
+    : num_heads(config.num_heads),
+      head_dim(config.head_dim()),
+      scale(1.0 / std::sqrt(static_cast<double>(config.head_dim()))) {
+  const int64_t dim = config.embed_dim;
+  latent = register_parameter("latent", torch::zeros({1, 1, dim}));
+  q = register_module("q", Linear(dim, dim));
+  kv = register_module("kv", Linear(dim, 2 * dim));
+  proj = register_module("proj", Linear(dim, dim));
+  norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)));
+  const auto hidden = static_cast<int64_t>(static_cast<double>(dim) * config.mlp_ratio);
+  mlp = register_module("mlp", Mlp(dim, hidden, 0.0, config.act_layer));
+}
+
+torch::Tensor AttentionPoolImpl::forward(const torch::Tensor& x, torch::Tensor* probs_out) {
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
+  auto query = linear(latent.expand({B, -1, -1}).to(x.dtype()), q->weight, q->bias)
+                   .reshape({B, 1, num_heads, head_dim})
+                   .transpose(1, 2);  // (B, nh, 1, hd)
+  auto keys_values = linear(x, kv->weight, kv->bias).reshape({B, N, 2, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
+  auto keys = keys_values[0], values = keys_values[1];                          // (B, nh, Np, hd)
+  auto probs = torch::matmul(query * scale, keys.transpose(-2, -1)).softmax(-1);  // (B, nh, 1, Np)
+  if (probs_out != nullptr) *probs_out = probs;
+  auto out = torch::matmul(probs, values).transpose(1, 2).reshape({B, 1, D});  // (B, 1, D), heads concatenated
+  out = linear(out, proj->weight, proj->bias);
+  out = out + mlp->forward(norm->forward(out));
+  return out.select(1, 0);  // (B, D): the one latent
+}
+
 // ---- VisionTransformer ----
 
 VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config, Init init) : config_(config) {
@@ -242,19 +292,19 @@ VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config, Init ini
   const int64_t patches = config.grid_h() * config.grid_w();
   patch_embed = register_module("patch_embed", PatchEmbed(config));
   if (config.class_token) cls_token = register_parameter("cls_token", torch::zeros({1, 1, dim}));
-  pos_embed = register_parameter("pos_embed", torch::zeros({1, patches + num_prefix_tokens(), dim}));
+  if (config.reg_tokens > 0) reg_token = register_parameter("reg_token", torch::zeros({1, config.reg_tokens, dim}));
+  pos_embed = register_parameter("pos_embed", torch::zeros({1, patches + config.pos_embed_prefix(), dim}));
+  auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)); };
+  if (config.pre_norm) norm_pre = register_module("norm_pre", ln());
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.depth; ++i) {
     // Stochastic depth grows linearly over the blocks, as timm.
     const double rate = config.depth > 1 ? config.drop_path_rate * static_cast<double>(i) / (config.depth - 1) : 0.0;
     blocks->push_back(Block(config, rate));
   }
-  auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)); };
-  if (config.global_pool == GlobalPool::avg) {
-    fc_norm = register_module("fc_norm", ln());
-  } else {
-    norm = register_module("norm", ln());
-  }
+  if (config.final_norm && !config.use_fc_norm()) norm = register_module("norm", ln());
+  if (config.global_pool == GlobalPool::map) attn_pool = register_module("attn_pool", AttentionPool(config));
+  if (config.final_norm && config.use_fc_norm()) fc_norm = register_module("fc_norm", ln());
   if (config.num_classes > 0) head = register_module("head", Linear(dim, config.num_classes));
   if (init == Init::random) reset_parameters();
 }
@@ -263,6 +313,12 @@ void VisionTransformerImpl::reset_parameters() {
   torch::NoGradGuard no_grad;
   trunc_normal_(pos_embed, 0.02);
   if (cls_token.defined()) cls_token.normal_(0.0, 1e-6);
+  if (reg_token.defined()) reg_token.normal_(0.0, 1e-6);
+  if (attn_pool) {
+    // timm's trunc_normal_tf_(std = D^-0.5): truncated at two standard deviations.
+    const double std = 1.0 / std::sqrt(static_cast<double>(config_.embed_dim));
+    attn_pool->latent.normal_(0.0, std).clamp_(-2.0 * std, 2.0 * std);
+  }
   // Patch embedding keeps PyTorch's default Conv2d init, as timm's default ("") scheme does.
   patch_embed->proj->reset_parameters();
   for (auto& module : modules(/*include_self=*/false)) {
@@ -296,7 +352,7 @@ torch::Tensor resample_pos_embed(const torch::Tensor& pos_embed, int64_t old_h, 
                      .size(std::vector<int64_t>{new_h, new_w})
                      .mode(torch::kBicubic)
                      .align_corners(false)
-                     .antialias(new_h < old_h || new_w < old_w);
+                     .antialias(true);  // timm's default, also when enlarging (another kernel than plain bicubic)
   auto resized = F::interpolate(grid, options)
                      .permute({0, 2, 3, 1})
                      .reshape({1, new_h * new_w, dim})
@@ -305,7 +361,7 @@ torch::Tensor resample_pos_embed(const torch::Tensor& pos_embed, int64_t old_h, 
 }
 
 torch::Tensor VisionTransformerImpl::pos_embed_for(int64_t grid_h, int64_t grid_w) {
-  return resample_pos_embed(pos_embed, config_.grid_h(), config_.grid_w(), grid_h, grid_w, num_prefix_tokens());
+  return resample_pos_embed(pos_embed, config_.grid_h(), config_.grid_w(), grid_h, grid_w, config_.pos_embed_prefix());
 }
 
 torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, const torch::Tensor& mask,
@@ -326,9 +382,18 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
   const std::array<int64_t, 2> grid{H / P, W / P};
   auto tokens = patch_embed->forward(x);  // (B, gh*gw, D)
   const int64_t B = tokens.size(0);
-  if (cls_token.defined()) tokens = torch::cat({cls_token.expand({B, -1, -1}).to(tokens.dtype()), tokens}, 1);
-  tokens = tokens + pos_embed_for(grid[0], grid[1]).to(tokens.dtype());  // (B, N, D)
+  std::vector<torch::Tensor> parts;  // prefix tokens, then the patches
+  if (cls_token.defined()) parts.push_back(cls_token.expand({B, -1, -1}).to(tokens.dtype()));
+  if (reg_token.defined()) parts.push_back(reg_token.expand({B, -1, -1}).to(tokens.dtype()));
+  const auto pos = pos_embed_for(grid[0], grid[1]).to(tokens.dtype());
+  if (config_.no_embed_class) tokens = tokens + pos;  // the patches only, before the prefix joins (DeiT-3)
+  if (!parts.empty()) {
+    parts.push_back(tokens);
+    tokens = torch::cat(parts, 1);
+  }
+  if (!config_.no_embed_class) tokens = tokens + pos;  // (B, N, D)
   if (config_.drop_rate > 0.0 && is_training()) tokens = torch::dropout(tokens, config_.drop_rate, true);
+  if (norm_pre) tokens = norm_pre->forward(tokens);
   if (capture != nullptr) capture->embed = tokens;
 
   const bool want_probs = capture != nullptr && capture->attention;
@@ -342,10 +407,15 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
   return tokens;  // (B, N, D)
 }
 
-torch::Tensor VisionTransformerImpl::forward_head(const torch::Tensor& tokens, bool pre_logits) {
+torch::Tensor VisionTransformerImpl::forward_head(const torch::Tensor& tokens, bool pre_logits, Capture* capture) {
+  const int64_t prefix = num_prefix_tokens();
   torch::Tensor pooled;  // (B, D)
-  if (config_.global_pool == GlobalPool::avg) {
-    pooled = tokens.narrow(1, num_prefix_tokens(), tokens.size(1) - num_prefix_tokens()).mean(1);
+  if (attn_pool) {
+    const bool want_probs = capture != nullptr && capture->attention;
+    pooled = attn_pool->forward(tokens.narrow(1, prefix, tokens.size(1) - prefix),
+                                want_probs ? &capture->pool_attention : nullptr);
+  } else if (config_.global_pool == GlobalPool::avg) {
+    pooled = tokens.narrow(1, prefix, tokens.size(1) - prefix).mean(1);
   } else {
     pooled = tokens.select(1, 0);
   }

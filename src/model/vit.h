@@ -1,8 +1,15 @@
 // The Vision Transformer, module for module as timm's `VisionTransformer`: same submodule names (= state-dict keys),
 // same semantics, so timm weights load without a mapping table.
 //
-// Shape key: B batch, C in channels, H/W image size, P patch, gh/gw patch grid, N tokens (gh*gw [+1 class token]),
-// D embed dim, nh heads, hd head dim (D / nh), K classes.
+// Shape key: B batch, C in channels, H/W image size, P patch, gh/gw patch grid, N tokens (prefix + gh*gw: the class
+// token, then reg_tokens register tokens, then the patches), Np patches, D embed dim, nh heads, hd head dim (D / nh),
+// K classes.
+//
+// timm's options of the wider family, each under timm's name (model_config.h): reg_tokens, no_embed_class (the
+// position embedding covers the patches only, added before the prefix tokens are prepended), pre_norm (norm_pre
+// after the embedding, a patch embedding without bias), qk_norm (q_norm, k_norm over each head), act_layer,
+// final_norm and fc_norm (where the last norm sits), global_pool "map" (attn_pool: one learned latent query attends
+// over the patch tokens, then proj, and a residual MLP behind a norm).
 #pragma once
 
 #include <array>
@@ -21,7 +28,8 @@ struct Capture {
   bool block_outputs = false;             // keep each block's output tokens
   std::vector<torch::Tensor> attention_probs;  // per block: (B, nh, N, N), rows = queries; part of the graph
   std::vector<torch::Tensor> outputs;          // per block: (B, N, D)
-  torch::Tensor embed;                         // tokens after position embedding: (B, N, D)
+  torch::Tensor embed;                         // tokens after position embedding (and norm_pre): (B, N, D)
+  torch::Tensor pool_attention;  // with global_pool "map" (forward_head): (B, nh, 1, Np), the latent's attention
 };
 
 // Boolean masks broadcastable to (B, nh, N, N); true = the query may attend to that key.
@@ -48,16 +56,17 @@ struct PatchEmbedImpl : torch::nn::Module {
   explicit PatchEmbedImpl(const ModelConfig& config);
   torch::Tensor forward(const torch::Tensor& x);  // (B, C, H, W) -> (B, gh*gw, D)
 
-  torch::nn::Conv2d proj{nullptr};
+  torch::nn::Conv2d proj{nullptr};  // bias unless pre_norm, as timm
   int64_t patch_size;
 };
 TORCH_MODULE(PatchEmbed);
 
 // Index into a relative position bias table for a gh x gw grid (seed article 001 §7.2, on an image grid as in BEiT):
 // entries (dy, dx) between patches, offsets clipped to the trained grid's range so other sizes still work, plus the
-// three class-token entries (class->patch, patch->class, class->class) when there is a class token.
+// three prefix entries (prefix->patch, patch->prefix, prefix->prefix) shared by every prefix token (the class token,
+// register tokens) when there are any.
 torch::Tensor relative_position_index(int64_t trained_h, int64_t trained_w, int64_t grid_h, int64_t grid_w,
-                                      bool class_token);  // (N, N) int64
+                                      int64_t prefix_tokens);  // (N, N) int64
 
 // How attention computes softmax(q k^T / sqrt(hd)) v when nothing asks for the probabilities. Where they are asked
 // for (export-attention, Capture::attention), the explicit path always runs: fused kernels never materialise them.
@@ -80,25 +89,46 @@ struct AttentionImpl : torch::nn::Module {
   torch::Tensor relative_bias(std::array<int64_t, 2> grid);
 
   Linear qkv{nullptr}, proj{nullptr};
-  torch::Tensor relative_position_bias_table;  // ((2gh-1)(2gw-1) [+3], nh) when rel_pos_bias
+  torch::nn::LayerNorm q_norm{nullptr}, k_norm{nullptr};  // over hd, only with qk_norm
+  torch::Tensor relative_position_bias_table;  // ((2gh-1)(2gw-1) [+3 with prefix tokens], nh) when rel_pos_bias
   int64_t num_heads, head_dim;
   double scale;
   std::array<int64_t, 2> trained_grid;  // the grid the bias table was made for
-  bool class_token;
+  int64_t prefix_tokens;                 // class and register tokens before the patches
   double attn_drop, proj_drop;
   torch::Tensor head_mask;  // (nh) 1 = keep, 0 = ablated head; undefined = all heads on
   AttentionKernel kernel = AttentionKernel::automatic;
 };
 TORCH_MODULE(Attention);
 
+// The MLP activation of act_layer, elementwise.
+torch::Tensor activation(const torch::Tensor& x, Activation act);
+
 struct MlpImpl : torch::nn::Module {
-  MlpImpl(int64_t dim, int64_t hidden, double drop);
+  MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act = Activation::gelu);
   torch::Tensor forward(const torch::Tensor& x);
 
   Linear fc1{nullptr}, fc2{nullptr};
   double drop;
+  Activation act;
 };
 TORCH_MODULE(Mlp);
+
+// global_pool "map": timm's AttentionPoolLatent with one latent query. The latent, projected by q, attends over the
+// tokens it is given (keys and values from kv), the heads are merged through proj, and x + mlp(norm(x)) follows.
+struct AttentionPoolImpl : torch::nn::Module {
+  explicit AttentionPoolImpl(const ModelConfig& config);
+  // x: (B, Np, D) -> (B, D). probs_out: when given, receives the attention (B, nh, 1, Np).
+  torch::Tensor forward(const torch::Tensor& x, torch::Tensor* probs_out = nullptr);
+
+  torch::Tensor latent;  // (1, 1, D)
+  Linear q{nullptr}, kv{nullptr}, proj{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  Mlp mlp{nullptr};
+  int64_t num_heads, head_dim;
+  double scale;
+};
+TORCH_MODULE(AttentionPool);
 
 struct LayerScaleImpl : torch::nn::Module {
   LayerScaleImpl(int64_t dim, double init_value);
@@ -128,28 +158,34 @@ struct VisionTransformerImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   // (B, C, H, W) -> (B, N, D) tokens after the final norm. mask as in Attention; capture is optional.
   torch::Tensor forward_features(const torch::Tensor& x, const torch::Tensor& mask = {}, Capture* capture = nullptr);
-  // Pool (class token or mean of patches), fc_norm, head dropout, head: (B, N, D) -> (B, K).
-  torch::Tensor forward_head(const torch::Tensor& tokens, bool pre_logits = false);
+  // Pool (class token, mean of patches, or attn_pool over the patches), fc_norm, head dropout, head:
+  // (B, N, D) -> (B, K). capture: with Capture::attention, receives the pooling attention of a MAP head.
+  torch::Tensor forward_head(const torch::Tensor& tokens, bool pre_logits = false, Capture* capture = nullptr);
 
-  // Position embedding for a gh x gw grid: the trained one, or resampled bicubically (class slot kept).
+  // Position embedding for a gh x gw grid: the trained one, or resampled bicubically (prefix rows kept):
+  // (1, pos_embed_prefix + gh*gw, D).
   torch::Tensor pos_embed_for(int64_t grid_h, int64_t grid_w);
   // Zeroes the outputs of the given heads of block `layer` (head ablation); an empty list restores the block.
   void set_head_mask(int64_t layer, const std::vector<int64_t>& heads);
   // Chooses the attention kernel of every block (tests compare them; AttentionKernel::sdpa needs LibTorch >= 2).
   void set_attention_kernel(AttentionKernel kernel);
   // Re-initialises all parameters as timm's default init ("jax"-free): trunc-normal(0.02) for Linear and pos_embed,
-  // normal(1e-6) for cls_token, zero biases, LayerNorm (1, 0). Deterministic given torch's generator state.
+  // normal(1e-6) for cls_token and reg_token, trunc-normal(D^-0.5) for attn_pool's latent, zero biases, LayerNorm
+  // (1, 0). Deterministic given torch's generator state.
   void reset_parameters();
 
   const ModelConfig& config() const { return config_; }
-  int64_t num_prefix_tokens() const { return config_.class_token ? 1 : 0; }
+  int64_t num_prefix_tokens() const { return config_.num_prefix_tokens(); }
 
   PatchEmbed patch_embed{nullptr};
-  torch::Tensor cls_token;  // (1, 1, D)
-  torch::Tensor pos_embed;  // (1, [1 +] gh*gw, D)
+  torch::Tensor cls_token;  // (1, 1, D), with class_token
+  torch::Tensor reg_token;  // (1, reg_tokens, D), with reg_tokens > 0
+  torch::Tensor pos_embed;  // (1, pos_embed_prefix + gh*gw, D)
+  torch::nn::LayerNorm norm_pre{nullptr};  // with pre_norm
   torch::nn::ModuleList blocks{nullptr};
-  torch::nn::LayerNorm norm{nullptr};     // final norm (token pooling)
-  torch::nn::LayerNorm fc_norm{nullptr};  // norm after average pooling (global_pool avg)
+  torch::nn::LayerNorm norm{nullptr};     // final norm on every token (final_norm, not use_fc_norm)
+  AttentionPool attn_pool{nullptr};       // global_pool "map"
+  torch::nn::LayerNorm fc_norm{nullptr};  // norm after pooling (final_norm and use_fc_norm)
   Linear head{nullptr};                   // absent when num_classes == 0
 
  private:
@@ -157,8 +193,8 @@ struct VisionTransformerImpl : torch::nn::Module {
 };
 TORCH_MODULE(VisionTransformer);
 
-// Resamples a (1, [prefix +] gh0*gw0, D) position embedding to a gh x gw grid (bicubic, antialiased when
-// shrinking, prefix tokens kept), as timm's resample_abs_pos_embed.
+// Resamples a (1, [prefix +] gh0*gw0, D) position embedding to a gh x gw grid (bicubic with antialias on, in both
+// directions, prefix rows kept), exactly as timm's resample_abs_pos_embed with its defaults.
 torch::Tensor resample_pos_embed(const torch::Tensor& pos_embed, int64_t old_h, int64_t old_w, int64_t new_h,
                                  int64_t new_w, int64_t num_prefix_tokens);
 

@@ -13,7 +13,9 @@ bool no_weight_decay(const std::string& name, const torch::Tensor& parameter) {
   auto ends_with = [&](const std::string& suffix) {
     return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  return ends_with("pos_embed") || ends_with("cls_token") || ends_with("relative_position_bias_table");
+  // timm's VisionTransformer.no_weight_decay(): pos_embed, cls_token, reg_token (and the relative bias table).
+  return ends_with("pos_embed") || ends_with("cls_token") || ends_with("reg_token") ||
+         ends_with("relative_position_bias_table");
 }
 
 FlatAdamW::FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
