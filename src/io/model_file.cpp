@@ -256,7 +256,7 @@ std::vector<std::string> load_for_finetune(const std::string& path, VisionTransf
   // A different grid: resample the position embedding (its prefix tokens kept).
   auto pos = tensors.find("pos_embed");
   if (pos != tensors.end() && pos->second.sizes() != net->pos_embed.sizes()) {
-    const int64_t prefix = net->num_prefix_tokens();
+    const int64_t prefix = config.pos_embed_prefix();  // rows of the prefix tokens (none with no_embed_class)
     const int64_t old_patches = pos->second.size(1) - prefix;
     int64_t old_h = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(old_patches))));
     int64_t old_w = old_h;

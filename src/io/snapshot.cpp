@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/timm_architectures.h"
 #include "util/fs.h"
 
 namespace vit {
@@ -103,15 +104,15 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
   if (!args.is_object()) fail(file, "model_args: " + show(args) + " is not an object");
   // Options of timm's VisionTransformer that change the architecture, each accepted only at its plain-ViT value.
   const std::map<std::string, json> plain = {
-      {"no_embed_class", false}, {"reg_tokens", 0},       {"pre_norm", false},      {"qk_norm", false},
-      {"final_norm", true},      {"dynamic_img_size", false}, {"dynamic_img_pad", false}, {"act_layer", "gelu"},
-      {"norm_layer", "layernorm"}, {"embed_layer", "PatchEmbed"}, {"block_fn", "Block"}, {"mlp_layer", "Mlp"},
-      {"patch_bias", true},      {"ignore_head", false},  {"attn_layer", "attn"},
+      {"dynamic_img_pad", false},  {"norm_layer", "layernorm"}, {"embed_layer", "PatchEmbed"}, {"block_fn", "Block"},
+      {"mlp_layer", "Mlp"},        {"patch_bias", true},        {"ignore_head", false},        {"attn_layer", "attn"},
+      {"proj_bias", true},         {"pool_include_prefix", false}, {"pos_embed", "learn"},   {"scale_attn_norm", false},
+      {"scale_mlp_norm", false},   {"embed_norm_layer", nullptr},
   };
-  // Options that do not change the weights or the inference result.
+  // Options that do not change the weights or the inference result. dynamic_img_size: vit runs every size divisible
+  // by the patch, resampling the position embedding as timm's dynamic_img_size does.
   const std::set<std::string> harmless = {"weight_init", "fix_init", "pos_drop_rate", "patch_drop_rate",
-                                          "embed_norm_layer", "pretrained_cfg_overlay"};
-  std::optional<bool> fc_norm;
+                                          "pretrained_cfg_overlay", "dynamic_img_size"};
   for (const auto& [key, value] : args.items()) {
     const std::string where = "model_args." + key;
     auto number = [&]() -> double {
@@ -157,15 +158,26 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
       m.qkv_bias = flag();
     } else if (key == "class_token") {
       m.class_token = flag();
+    } else if (key == "reg_tokens") {
+      m.reg_tokens = count();
+    } else if (key == "no_embed_class") {
+      m.no_embed_class = flag();
+    } else if (key == "pre_norm") {
+      m.pre_norm = flag();
+    } else if (key == "final_norm") {
+      m.final_norm = flag();
+    } else if (key == "qk_norm") {
+      m.qk_norm = flag();
+    } else if (key == "act_layer") {
+      const std::string act = value.is_string() ? value.get<std::string>() : show(value);
+      auto parsed = enum_from_name<Activation>(act);
+      if (!parsed) fail(file, where + ": \"" + act + "\" is not supported (vit has " + enum_choices<Activation>() + ")");
+      m.act_layer = *parsed;
     } else if (key == "global_pool") {
       const std::string pool = value.is_string() ? value.get<std::string>() : show(value);
-      if (pool == "token") {
-        m.global_pool = GlobalPool::token;
-      } else if (pool == "avg") {
-        m.global_pool = GlobalPool::avg;
-      } else {
-        fail(file, where + ": \"" + pool + "\" is not supported (vit pools with \"token\" or \"avg\")");
-      }
+      auto parsed = enum_from_name<GlobalPool>(pool);
+      if (!parsed) fail(file, where + ": \"" + pool + "\" is not supported (vit pools with " + enum_choices<GlobalPool>() + ")");
+      m.global_pool = *parsed;
     } else if (key == "init_values") {
       if (value.is_null()) {
         m.init_values.reset();
@@ -181,33 +193,35 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
     } else if (key == "drop_path_rate") {
       m.drop_path_rate = number();
     } else if (key == "fc_norm") {
-      if (!value.is_null()) fc_norm = flag();
+      if (value.is_null()) {
+        m.fc_norm.reset();
+      } else {
+        m.fc_norm = flag();
+      }
     } else if (auto it = plain.find(key); it != plain.end()) {
       if (!value.is_null() && value != it->second) {
-        fail(file, where + " = " + show(value) + " is not supported (vit has timm's plain ViT: " + key + " = " +
+        fail(file, where + " = " + show(value) + " is not supported (vit builds only " + key + " = " +
                        show(it->second) + ")");
       }
     } else if (!harmless.count(key)) {
       fail(file, where + " = " + show(value) + " is not an option vit knows");
     }
   }
-  // timm's default: fc_norm exactly when pooling patch tokens.
-  const bool implied = m.global_pool == GlobalPool::avg;
-  if (fc_norm && *fc_norm != implied) {
-    fail(file, std::string("model_args.fc_norm = ") + (*fc_norm ? "true" : "false") + " with global_pool \"" +
-                   name_of(m.global_pool) + "\" is not supported (vit uses fc_norm exactly with \"avg\")");
-  }
+  // fc_norm stays null (timm's rule) where it says what the rule says: a model round-trips through timm unchanged.
+  if (m.fc_norm && *m.fc_norm == (m.global_pool == GlobalPool::avg)) m.fc_norm.reset();
 }
 
 // What an architecture name of the wider timm ViT family needs that we lack, for the refusal.
 std::string family_needs(const std::string& arch) {
   auto has = [&](const char* part) { return arch.find(part) != std::string::npos; };
-  if (has("siglip")) return "a MAP (attention-pooling) head";
-  if (has("clip")) return "pre_norm and quick_gelu (CLIP image towers)";
-  if (has("reg")) return "register tokens (reg_tokens)";
-  if (has("dinov2")) return "LayerScale with an interpolated position embedding at patch 14 (DINOv2)";
-  if (has("deit3")) return "a position embedding without the class slot (no_embed_class: DeiT-3)";
-  if (has("deit")) return "DeiT's distillation token (dist_token)";
+  if (has("distilled")) return "DeiT's distillation token (dist_token)";
+  if (has("giant") && has("dinov2")) return "a SwiGLU MLP (DINOv2 giant)";
+  if (has("aimv2")) return "RMSNorm and a SwiGLU MLP (AIMv2)";
+  if (has("beit3")) return "norms inside attention and MLP (BEiT-3)";
+  if (has("_xp_") || has("18x2") || has("rpn") || has("pwee")) return "parallel or residual-post-norm blocks";
+  if (has("dwee") || has("dlittle")) return "differential attention";
+  if (has("so400m_patch14") && has("_384")) return "an input size that is not a whole number of patches (384 / 14)";
+  if (has("eva") || has("beit")) return "rotary or relative position embeddings (timm's EVA and BEiT classes)";
   return "";
 }
 
@@ -216,15 +230,12 @@ void read_timm(const json& config, Snapshot& s) {
   const std::string full = get_or<std::string>(config, "architecture", "", file);
   if (full.empty()) fail(file, "no \"architecture\"");
   const std::string arch = full.substr(0, full.find('.'));  // a pretrained tag (".augreg_in21k") changes no size
-  // timm's DeiT (without distillation) is its plain VisionTransformer with DeiT's training recipe.
-  std::string plain = arch;
-  if (plain.rfind("deit_", 0) == 0 && plain.find("distilled") == std::string::npos) plain = "vit_" + plain.substr(5);
   try {
-    s.model = model_preset(plain);
+    s.model = model_preset(arch);
   } catch (const std::invalid_argument&) {
     const std::string needs = family_needs(arch);
     fail(file, "architecture \"" + full + "\" is not supported" + (needs.empty() ? "" : ": it needs " + needs) +
-                   " (vit reads timm's plain ViT names vit_{tiny,small,base,large,huge}_patch{8,14,16,32}_{224,384})");
+                   " (`vit info --presets` lists the timm architectures vit builds)");
   }
   s.model.preset = "";
   s.model.num_classes = get_or<int64_t>(config, "num_classes", 1000, file);
@@ -571,21 +582,26 @@ std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind
 }
 
 std::string timm_architecture(const ModelConfig& m) {
-  // timm's registered plain ViT names (timm 1.0): `create_model` needs one of them; model_args carry every size, so
-  // the nearest by patch, then width, depth and resolution is only a label.
-  static const char* const registered[] = {
-      "vit_tiny_patch16_224",  "vit_tiny_patch16_384",  "vit_small_patch8_224",  "vit_small_patch16_224",
-      "vit_small_patch16_384", "vit_small_patch32_224", "vit_small_patch32_384", "vit_base_patch8_224",
-      "vit_base_patch16_224",  "vit_base_patch16_384",  "vit_base_patch32_224",  "vit_base_patch32_384",
-      "vit_large_patch14_224", "vit_large_patch16_224", "vit_large_patch16_384", "vit_large_patch32_224",
-      "vit_large_patch32_384", "vit_huge_patch14_224"};
+  // `create_model` needs a registered name, and model_args carry every other field, so the name matters only for
+  // what model_args cannot say: the LayerNorm epsilon (norm_layer), and init_values None (create_model drops None). Among the names with the model's epsilon, the
+  // model's own preset, else the nearest by family options, patch, width, depth and resolution (a label only).
   std::string best;
   int64_t best_gap = -1;
-  for (const char* name : registered) {
-    const ModelConfig p = model_preset(name);
-    const int64_t gap = std::abs(p.patch_size - m.patch_size) * 1000000 + std::abs(p.embed_dim - m.embed_dim) * 100 +
-                        std::abs(p.depth - m.depth) * 10 + std::abs(p.img_h - m.img_h) + std::abs(p.img_w - m.img_w);
-    if (best_gap < 0 || gap < best_gap) best = name, best_gap = gap;
+  for (const auto& arch : kTimmArchitectures) {
+    const ModelConfig p = model_preset(arch.name);
+    if (std::abs(p.layer_norm_eps - m.layer_norm_eps) > 1e-12 * m.layer_norm_eps) continue;
+    // timm's create_model drops None arguments, so "no LayerScale" can only come from the name.
+    if (!m.init_values && p.init_values) continue;
+    if (arch.name == m.preset) return m.preset;
+    const int64_t family = (p.class_token != m.class_token) + (p.reg_tokens != m.reg_tokens) +
+                           (p.no_embed_class != m.no_embed_class) + (p.pre_norm != m.pre_norm) +
+                           (p.global_pool != m.global_pool) + (p.act_layer != m.act_layer) +
+                           (p.init_values.has_value() != m.init_values.has_value()) + (p.qk_norm != m.qk_norm) +
+                           (p.final_norm != m.final_norm) + (p.use_fc_norm() != m.use_fc_norm());
+    const int64_t gap = family * 100000000 + std::abs(p.patch_size - m.patch_size) * 1000000 +
+                        std::abs(p.embed_dim - m.embed_dim) * 100 + std::abs(p.depth - m.depth) * 10 +
+                        std::abs(p.img_h - m.img_h) + std::abs(p.img_w - m.img_w);
+    if (best_gap < 0 || gap < best_gap) best = arch.name, best_gap = gap;
   }
   return best;
 }
@@ -599,17 +615,24 @@ std::map<std::string, json> snapshot_files(SnapshotKind kind, const ModelConfig&
   json mean = p.mean, std_ = p.std;
   std::map<std::string, json> files;
   if (kind == SnapshotKind::timm) {
-    if (std::abs(m.layer_norm_eps - 1e-6) > 1e-12) {
-      refuse("layer_norm_eps " + num(m.layer_norm_eps) + " (timm's ViT uses 1e-6)");
-    }
     const std::string arch = timm_architecture(m);
+    if (arch.empty()) {
+      refuse("layer_norm_eps " + num(m.layer_norm_eps) + " (timm's ViT architectures use 1e-6, CLIP's 1e-5)");
+    }
     json args = {{"img_size", json::array({m.img_h, m.img_w})}, {"patch_size", m.patch_size},
                  {"in_chans", m.in_chans},   {"num_classes", m.num_classes},
                  {"embed_dim", m.embed_dim}, {"depth", m.depth},
                  {"num_heads", m.num_heads}, {"mlp_ratio", m.mlp_ratio},
                  {"qkv_bias", m.qkv_bias},   {"class_token", m.class_token},
-                 {"global_pool", name_of(m.global_pool)}};
-    if (m.init_values) args["init_values"] = *m.init_values;
+                 {"global_pool", name_of(m.global_pool)},
+                 {"reg_tokens", m.reg_tokens},
+                 {"no_embed_class", m.no_embed_class},
+                 {"pre_norm", m.pre_norm},
+                 {"final_norm", m.final_norm},
+                 {"fc_norm", m.use_fc_norm()},
+                 {"qk_norm", m.qk_norm},
+                 {"act_layer", name_of(m.act_layer)}};
+    args["init_values"] = m.init_values ? json(*m.init_values) : json(nullptr);
     json cfg = {{"tag", "vit"},
                 {"custom_load", false},
                 {"input_size", json::array({m.in_chans, m.img_h, m.img_w})},
@@ -635,8 +658,16 @@ std::map<std::string, json> snapshot_files(SnapshotKind kind, const ModelConfig&
   }
   // Hugging Face's ViTForImageClassification: class token, token pooling, no LayerScale, square-free sizes.
   if (!m.class_token) refuse("a model without a class token (model.class_token false)");
-  if (m.global_pool != GlobalPool::token) refuse("average pooling (model.global_pool \"avg\"; HF reads the class token)");
+  if (m.global_pool != GlobalPool::token) {
+    refuse(std::string("global_pool \"") + name_of(m.global_pool) + "\" (HF's ViT reads the class token)");
+  }
   if (m.init_values) refuse("LayerScale (model.init_values)");
+  if (m.reg_tokens > 0) refuse("register tokens (model.reg_tokens)");
+  if (m.no_embed_class) refuse("a position embedding without the class slot (model.no_embed_class)");
+  if (m.pre_norm) refuse("pre_norm (CLIP's norm before the blocks)");
+  if (m.qk_norm) refuse("qk_norm");
+  if (!m.final_norm || m.use_fc_norm()) refuse("a final norm other than HF's layernorm on every token");
+  if (m.act_layer != Activation::gelu) refuse(std::string("act_layer ") + name_of(m.act_layer) + " (vit writes exact GELU)");
   if (m.num_classes <= 0) refuse("a model without a classifier head (num_classes 0)");
   const double hidden = m.embed_dim * m.mlp_ratio;
   if (hidden != std::floor(hidden)) refuse("mlp_ratio " + num(m.mlp_ratio) + " (not a whole MLP width)");
