@@ -25,12 +25,12 @@ const cv::Scalar kInk(40, 40, 40), kMaskedRed(40, 40, 210), kPaper(255, 255, 255
 
 const char* kRolloutDefinition =
     "R = I; per block in order: F = head fusion of the attention (heads off by --mask-heads left out), drop the "
-    "lowest discard_ratio of F's entries outside the class token's column, F = F + I, rows / row sums, R = F @ R; "
-    "map = R[class token, patches] reshaped to the grid, / max";
+    "lowest discard_ratio of F's entries outside the prefix tokens' columns, F = F + I, rows / row sums, R = F @ R; "
+    "map = (readout @ R)[patches] reshaped to the grid, / max (readout: see method.rollout.readout)";
 const char* kGradRolloutDefinition =
     "R = I; per block in order: G = d logit[class] / d attention, F = mean over heads of attention * max(G, 0), "
-    "drop the lowest discard_ratio of F outside the class token's column, F = F + I, rows / row sums, R = F @ R; "
-    "map = R[class token, patches] reshaped to the grid, / max";
+    "drop the lowest discard_ratio of F outside the prefix tokens' columns, F = F + I, rows / row sums, R = F @ R; "
+    "map = (readout @ R)[patches] reshaped to the grid, / max";
 
 // A (h, w) tensor as an owning CV_32F matrix.
 cv::Mat to_mat(const torch::Tensor& map) {
@@ -204,6 +204,8 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
   const int64_t gradient_class = options.grad_rollout ? options.target_class : -1;
   const AttentionCapture capture = capture_attention(model.net, input, gradient_class);
   const auto keep = head_keep_masks(model.net);  // per block (nh): 1 = on
+  // The query the head reads (rollout.h): the class token, the patch mean, or a MAP head's pooling attention.
+  const auto readout = head_readout(config, capture.pool_attention);  // (N)
 
   // Prediction.
   const auto probs = capture.logits.softmax(0);  // (K)
@@ -230,14 +232,18 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
       write_npy(dir + "/" + name, capture.attentions.at(layer));  // (nh, N, N)
       written("attention_npy", name);
     }
+    if (capture.pool_attention.defined()) {
+      write_npy(dir + "/pool_attn.npy", capture.pool_attention.squeeze(1));  // (nh, Np)
+      files["pool_attention_npy"] = "pool_attn.npy";
+    }
   }
 
   const auto rollout = attention_rollout(capture.attentions, options.fusion, options.discard_ratio, prefix, grid_h,
-                                         grid_w, keep);  // (gh, gw)
+                                         grid_w, keep, readout);  // (gh, gw)
   torch::Tensor grad_rollout;
   if (options.grad_rollout) {
     grad_rollout = gradient_rollout(capture.attentions, capture.gradients, options.discard_ratio, prefix, grid_h,
-                                    grid_w);  // (gh, gw)
+                                    grid_w, readout);  // (gh, gw)
   }
   if (options.write_npy) {
     write_npy(dir + "/rollout.npy", rollout);
@@ -255,7 +261,7 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
                                 torch::kBool);
   for (size_t r = 0; r < result.layers.size(); ++r) {
     const int64_t layer = result.layers[r];
-    layer_maps.push_back(class_attention_maps(capture.attentions[layer], prefix, grid_h, grid_w)
+    layer_maps.push_back(class_attention_maps(capture.attentions[layer], prefix, grid_h, grid_w, readout)
                              .index_select(0, heads_index));  // (heads, gh, gw)
     result.head_on[static_cast<int64_t>(r)].copy_(keep[layer].index_select(0, heads_index) > 0);
   }
@@ -281,7 +287,8 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
       auto shown_on = torch::zeros({config.num_heads});
       shown_on.index_fill_(0, heads_index, 1.0);
       if ((shown_on * keep[layer]).count_nonzero().item<int64_t>() > 0) shown_on *= keep[layer];
-      const auto mean_map = class_attention_mean(capture.attentions[layer], prefix, grid_h, grid_w, shown_on);
+      const auto mean_map =
+          class_attention_mean(capture.attentions[layer], prefix, grid_h, grid_w, shown_on, readout);
       const std::string name = "attn_" + std::to_string(layer) + ".png";
       write_image(dir + "/" + name,
                   overlay_in_view(image_bgr, to_mat(mean_map), result.view, options.colormap, options.alpha));
@@ -304,7 +311,8 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
       {"heads", result.heads},
       {"masked_heads", masked},
       {"rollout", {{"head_fusion", options.fusion}, {"discard_ratio", options.discard_ratio},
-                   {"prefix_tokens", prefix}, {"definition", kRolloutDefinition}}},
+                   {"prefix_tokens", prefix}, {"readout", head_readout_name(config)},
+                   {"definition", kRolloutDefinition}}},
       {"colormap", options.colormap},
       {"alpha", options.alpha},
       {"format", options.write_png && options.write_npy ? "both" : options.write_png ? "png" : "npy"},

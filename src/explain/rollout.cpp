@@ -74,7 +74,35 @@ torch::Tensor add_identity_and_normalise(const torch::Tensor& fused) {
   return a / a.sum(-1, /*keepdim=*/true);  // every row sums to 1 (jacobgil's version forgot keepdim)
 }
 
-torch::Tensor rollout_to_map(const torch::Tensor& rollout, int64_t prefix_tokens, int64_t grid_h, int64_t grid_w) {
+torch::Tensor head_readout(const ModelConfig& model, const torch::Tensor& pool_attention) {
+  const int64_t prefix = model.num_prefix_tokens();
+  const int64_t patches = model.grid_h() * model.grid_w();
+  if (model.global_pool == GlobalPool::map) {
+    TORCH_CHECK(pool_attention.defined(), "head_readout: a MAP head needs its pooling attention");
+    const auto a = pool_attention.to(torch::kCPU, torch::kFloat64);
+    const auto per_patch = a.reshape({a.size(0), -1}).mean(0);  // (Np)
+    auto readout = torch::zeros({prefix + per_patch.size(0)}, torch::kFloat64);
+    readout.narrow(0, prefix, per_patch.size(0)).copy_(per_patch);
+    return readout;
+  }
+  const auto tokens = pool_attention.defined() ? prefix + pool_attention.size(-1) : prefix + patches;
+  auto readout = torch::zeros({tokens}, torch::kFloat64);
+  if (model.class_token) {
+    readout[0] = 1.0;
+  } else {
+    readout.narrow(0, prefix, tokens - prefix).fill_(1.0 / static_cast<double>(tokens - prefix));
+  }
+  return readout;
+}
+
+std::string head_readout_name(const ModelConfig& model) {
+  if (model.global_pool == GlobalPool::map) return "the MAP head's pooling attention over the patches (head mean)";
+  if (model.class_token) return "the class token's row";
+  return "the mean of the patch rows";
+}
+
+torch::Tensor rollout_to_map(const torch::Tensor& rollout, int64_t prefix_tokens, int64_t grid_h, int64_t grid_w,
+                             const torch::Tensor& readout) {
   const int64_t patches = grid_h * grid_w;
   TORCH_CHECK(rollout.dim() == 2 && rollout.size(0) == prefix_tokens + patches &&
                   rollout.size(1) == prefix_tokens + patches,
@@ -82,7 +110,10 @@ torch::Tensor rollout_to_map(const torch::Tensor& rollout, int64_t prefix_tokens
               prefix_tokens + patches, ") for ", prefix_tokens, " prefix token(s) and a ", grid_h, "x", grid_w,
               " grid");
   const auto r = rollout.to(torch::kFloat64);
-  const auto row = prefix_tokens > 0 ? r[0] : r.mean(0);                             // (N)
+  TORCH_CHECK(!readout.defined() || readout.numel() == r.size(0), "rollout_to_map: readout has ", readout.numel(),
+              " weights for ", r.size(0), " tokens");
+  const auto row = readout.defined() ? torch::matmul(readout.to(torch::kCPU, torch::kFloat64), r)
+                                     : (prefix_tokens > 0 ? r[0] : r.mean(0));  // (N)
   auto map = row.narrow(0, prefix_tokens, patches).reshape({grid_h, grid_w}).clone();  // (gh, gw), row-major
   const double peak = map.max().item<double>();
   if (peak > 0.0) map /= peak;
@@ -92,7 +123,7 @@ torch::Tensor rollout_to_map(const torch::Tensor& rollout, int64_t prefix_tokens
 
 torch::Tensor attention_rollout(const std::vector<torch::Tensor>& attentions, const std::string& fusion,
                                 double discard_ratio, int64_t prefix_tokens, int64_t grid_h, int64_t grid_w,
-                                const std::vector<torch::Tensor>& head_keep) {
+                                const std::vector<torch::Tensor>& head_keep, const torch::Tensor& readout) {
   check_head_fusion(fusion);
   check_attentions(attentions, prefix_tokens, grid_h, grid_w, "attention_rollout");
   TORCH_CHECK(head_keep.empty() || head_keep.size() == attentions.size(), "attention_rollout: ", head_keep.size(),
@@ -104,12 +135,12 @@ torch::Tensor attention_rollout(const std::vector<torch::Tensor>& attentions, co
     fused = discard_lowest(fused, discard_ratio, prefix_tokens);
     result = torch::matmul(add_identity_and_normalise(fused), result);  // later blocks on the left
   }
-  return rollout_to_map(result, prefix_tokens, grid_h, grid_w);
+  return rollout_to_map(result, prefix_tokens, grid_h, grid_w, readout);
 }
 
 torch::Tensor gradient_rollout(const std::vector<torch::Tensor>& attentions,
                                const std::vector<torch::Tensor>& gradients, double discard_ratio,
-                               int64_t prefix_tokens, int64_t grid_h, int64_t grid_w) {
+                               int64_t prefix_tokens, int64_t grid_h, int64_t grid_w, const torch::Tensor& readout) {
   check_attentions(attentions, prefix_tokens, grid_h, grid_w, "gradient_rollout");
   TORCH_CHECK(gradients.size() == attentions.size(), "gradient_rollout: ", gradients.size(), " gradients for ",
               attentions.size(), " blocks");
@@ -124,15 +155,18 @@ torch::Tensor gradient_rollout(const std::vector<torch::Tensor>& attentions,
     auto fused = discard_lowest(weighted.mean(0), discard_ratio, prefix_tokens);           // (N, N)
     result = torch::matmul(add_identity_and_normalise(fused), result);
   }
-  return rollout_to_map(result, prefix_tokens, grid_h, grid_w);
+  return rollout_to_map(result, prefix_tokens, grid_h, grid_w, readout);
 }
 
 torch::Tensor class_attention_maps(const torch::Tensor& attention, int64_t prefix_tokens, int64_t grid_h,
-                                   int64_t grid_w) {
+                                   int64_t grid_w, const torch::Tensor& readout) {
   check_attentions({attention}, prefix_tokens, grid_h, grid_w, "class_attention_maps");
   const int64_t nh = attention.size(0), patches = grid_h * grid_w;
-  const auto a = attention.to(torch::kCPU, torch::kFloat64);           // (nh, N, N)
-  const auto rows = prefix_tokens > 0 ? a.select(1, 0) : a.mean(1);     // (nh, N): the class token's queries
+  const auto a = attention.to(torch::kCPU, torch::kFloat64);  // (nh, N, N)
+  TORCH_CHECK(!readout.defined() || readout.numel() == a.size(1), "class_attention_maps: readout has ",
+              readout.numel(), " weights for ", a.size(1), " tokens");
+  const auto rows = readout.defined() ? torch::matmul(readout.to(torch::kCPU, torch::kFloat64), a)  // (nh, N)
+                                      : (prefix_tokens > 0 ? a.select(1, 0) : a.mean(1));  // the class token's queries
   auto maps = rows.narrow(1, prefix_tokens, patches).clone();           // (nh, gh*gw)
   const auto peak = maps.amax(1, /*keepdim=*/true);                     // (nh, 1)
   maps = torch::where(peak > 0, maps / peak.clamp_min(1e-300), torch::zeros_like(maps));
@@ -140,12 +174,12 @@ torch::Tensor class_attention_maps(const torch::Tensor& attention, int64_t prefi
 }
 
 torch::Tensor class_attention_mean(const torch::Tensor& attention, int64_t prefix_tokens, int64_t grid_h,
-                                   int64_t grid_w, const torch::Tensor& keep) {
+                                   int64_t grid_w, const torch::Tensor& keep, const torch::Tensor& readout) {
   check_attentions({attention}, prefix_tokens, grid_h, grid_w, "class_attention_mean");
   // A block with every head off still gets a picture: the mean over all of them.
   const bool any_on = keep.defined() && keep.to(torch::kCPU).count_nonzero().item<int64_t>() > 0;
   return rollout_to_map(fuse_heads(attention, "mean", any_on ? keep : torch::Tensor()), prefix_tokens, grid_h,
-                        grid_w);
+                        grid_w, readout);
 }
 
 std::vector<torch::Tensor> head_keep_masks(VisionTransformer& net) {
@@ -167,10 +201,11 @@ AttentionCapture capture_attention(VisionTransformer& net, const torch::Tensor& 
   Capture capture;
   capture.attention = true;  // explicit attention: the model never uses a fused kernel when probabilities are kept
   const auto x = image.unsqueeze(0).to(device, torch::kFloat32);                 // (1, C, H, W)
-  const auto logits = net->forward_head(net->forward_features(x, {}, &capture));  // (1, K)
+  const auto logits = net->forward_head(net->forward_features(x, {}, &capture), false, &capture);  // (1, K)
 
   AttentionCapture out;
   out.logits = logits[0].detach().to(torch::kCPU, torch::kFloat32);
+  if (capture.pool_attention.defined()) out.pool_attention = capture.pool_attention[0].detach().to(torch::kCPU, torch::kFloat32);
   for (const auto& probs : capture.attention_probs) {
     out.attentions.push_back(probs[0].detach().to(torch::kCPU, torch::kFloat32));  // (nh, N, N)
   }

@@ -11,8 +11,9 @@
 //       is never dropped; ties broken by index)
 //     F = F + I;  F = F / F.sum(-1, keepdim)       (each row sums to 1)
 //     R = F @ R
-//   map = R[0, p:] (the class token's row over the patches; without a class token the mean of all rows),
-//         reshaped row-major to (gh, gw), divided by its max (an all-zero map stays zero).
+//   map = (r R)[p:] for the head's readout r (head_readout below: the class token's row, the mean of the patch rows
+//         without a class token, or a MAP head's pooling attention), reshaped row-major to (gh, gw), divided by its
+//         max (an all-zero map stays zero). Register tokens are prefix tokens: maps cover the patches only.
 // Gradient rollout for class c (Chefer et al. 2021 / jacobgil's grad_rollout with blocks multiplied in forward
 // order, rows renormalised with keepdim):
 //   G_b = d logit_c / d A_b (the pre-softmax class score; gradients of the same forward pass)
@@ -45,30 +46,42 @@ torch::Tensor discard_lowest(const torch::Tensor& fused, double ratio, int64_t p
 // (F + I) with each row divided by its sum: (N, N) -> (N, N).
 torch::Tensor add_identity_and_normalise(const torch::Tensor& fused);
 
-// The rolled-out (N, N) matrix as a (grid_h, grid_w) map: the class token's row over the patches (mean of all rows
-// when prefix_tokens == 0), row-major, divided by its max. Checks N == prefix_tokens + grid_h * grid_w.
-torch::Tensor rollout_to_map(const torch::Tensor& rollout, int64_t prefix_tokens, int64_t grid_h, int64_t grid_w);
+// Which query the model's head reads, as weights over the N tokens (float64, summing to 1):
+//   global_pool "map": the pooling head's latent query, i.e. its attention over the patches (pool_attention, (nh, 1,
+//     Np) or (nh, Np)), averaged over heads, zero on the prefix tokens;
+//   with a class token (token and avg pooling): the class token (one-hot at 0);
+//   otherwise: the mean of the patch rows.
+torch::Tensor head_readout(const ModelConfig& model, const torch::Tensor& pool_attention = {});
+// In words, for summary.json.
+std::string head_readout_name(const ModelConfig& model);
+
+// The rolled-out (N, N) matrix as a (grid_h, grid_w) map: readout @ rollout over the patches (without a readout, the
+// class token's row, or the mean of all rows when prefix_tokens == 0), row-major, divided by its max. Checks
+// N == prefix_tokens + grid_h * grid_w.
+torch::Tensor rollout_to_map(const torch::Tensor& rollout, int64_t prefix_tokens, int64_t grid_h, int64_t grid_w,
+                             const torch::Tensor& readout = {});
 
 // Attention rollout of one image. attentions: per block (nh, N, N) softmax probabilities; head_keep: empty, or per
 // block an (nh) mask of the heads that are on. Returns float32 (grid_h, grid_w).
 torch::Tensor attention_rollout(const std::vector<torch::Tensor>& attentions, const std::string& fusion,
                                 double discard_ratio, int64_t prefix_tokens, int64_t grid_h, int64_t grid_w,
-                                const std::vector<torch::Tensor>& head_keep = {});
+                                const std::vector<torch::Tensor>& head_keep = {}, const torch::Tensor& readout = {});
 
 // Gradient rollout of one image: gradients[b] = d(class logit)/d(attentions[b]), both (nh, N, N).
 // Returns float32 (grid_h, grid_w).
 torch::Tensor gradient_rollout(const std::vector<torch::Tensor>& attentions,
                                const std::vector<torch::Tensor>& gradients, double discard_ratio,
-                               int64_t prefix_tokens, int64_t grid_h, int64_t grid_w);
+                               int64_t prefix_tokens, int64_t grid_h, int64_t grid_w, const torch::Tensor& readout = {});
 
 // Each head's class-token attention of one block as maps: (nh, N, N) -> float32 (nh, grid_h, grid_w), each map
-// divided by its own max (without a class token: the mean attention every patch receives).
+// divided by its own max (without a class token: the mean attention every patch receives; with a readout, the
+// readout-weighted rows).
 torch::Tensor class_attention_maps(const torch::Tensor& attention, int64_t prefix_tokens, int64_t grid_h,
-                                   int64_t grid_w);
+                                   int64_t grid_w, const torch::Tensor& readout = {});
 // The head mean of those (over the heads that are on when keep is given and not all off), then / max:
 // float32 (grid_h, grid_w).
 torch::Tensor class_attention_mean(const torch::Tensor& attention, int64_t prefix_tokens, int64_t grid_h,
-                                   int64_t grid_w, const torch::Tensor& keep = {});
+                                   int64_t grid_w, const torch::Tensor& keep = {}, const torch::Tensor& readout = {});
 
 // Per block, an (nh) float mask of the heads that are on (1) or ablated by set_head_mask (0).
 std::vector<torch::Tensor> head_keep_masks(VisionTransformer& net);
@@ -78,6 +91,7 @@ struct AttentionCapture {
   torch::Tensor logits;                     // (K)
   std::vector<torch::Tensor> attentions;    // per block (nh, N, N), the probabilities the forward pass used
   std::vector<torch::Tensor> gradients;     // per block (nh, N, N) d logit[gradient_class] / d attention; or empty
+  torch::Tensor pool_attention;             // global_pool "map": (nh, 1, Np), the pooling head's attention
   int64_t gradient_class = -1;              // the class the gradients are for (-1 when none were taken)
 };
 
