@@ -66,6 +66,40 @@ std::vector<Variant> variants() {
   auto headless = base();
   headless.num_classes = 0;
   list.push_back({"no_head", headless});
+  // The timm family's options (model_config.h).
+  auto deit3 = base();
+  deit3.no_embed_class = true;
+  deit3.init_values = 0.1;
+  list.push_back({"no_embed_class", deit3});
+  auto registers = base();
+  registers.reg_tokens = 3;
+  registers.no_embed_class = true;
+  list.push_back({"reg_tokens", registers});
+  auto registers_in_pos = base();
+  registers_in_pos.reg_tokens = 2;
+  registers_in_pos.num_classes = 0;
+  list.push_back({"reg_tokens_pos_embed_no_head", registers_in_pos});
+  auto clip = base();
+  clip.pre_norm = true;
+  clip.layer_norm_eps = 1e-5;
+  clip.act_layer = Activation::quick_gelu;
+  list.push_back({"pre_norm_quick_gelu", clip});
+  auto siglip = base();
+  siglip.class_token = false;
+  siglip.global_pool = GlobalPool::map;
+  siglip.act_layer = Activation::gelu_tanh;
+  list.push_back({"map_gelu_tanh", siglip});
+  auto map_registers = siglip;
+  map_registers.reg_tokens = 2;
+  map_registers.qk_norm = true;
+  list.push_back({"map_reg_tokens_qk_norm", map_registers});
+  auto gap = avg;
+  gap.fc_norm = false;
+  gap.reg_tokens = 1;
+  list.push_back({"avg_fc_norm_false", gap});
+  auto no_final = base();
+  no_final.final_norm = false;
+  list.push_back({"final_norm_false", no_final});
   return list;
 }
 
@@ -122,9 +156,10 @@ TEST_P(OnnxParity, LogitsAndAttentionMatchOnnxruntime) {
                                          {"batch3", torch::randn({3, m.in_chans, m.img_h, m.img_w})}};
   const auto reference = run_reference(path, dir, inputs);
   const std::string output = m.num_classes > 0 ? "logits" : "features";
-  const int64_t tokens = m.grid_h() * m.grid_w() + (m.class_token ? 1 : 0);
+  const int64_t tokens = m.grid_h() * m.grid_w() + m.num_prefix_tokens();
+  const bool map_head = m.global_pool == GlobalPool::map;
   const auto& outputs = reference.info["outputs"];
-  ASSERT_EQ(outputs.size(), static_cast<size_t>(1 + m.depth)) << outputs.dump();
+  ASSERT_EQ(outputs.size(), static_cast<size_t>(1 + m.depth + (map_head ? 1 : 0))) << outputs.dump();
   EXPECT_EQ(outputs[0]["name"], output);
   EXPECT_EQ(outputs[0]["shape"].dump(),
             nlohmann::json({"batch", m.num_classes > 0 ? m.num_classes : m.embed_dim}).dump());
@@ -132,13 +167,18 @@ TEST_P(OnnxParity, LogitsAndAttentionMatchOnnxruntime) {
     EXPECT_EQ(outputs[1 + b]["name"], "attention." + std::to_string(b));
     EXPECT_EQ(outputs[1 + b]["shape"].dump(), nlohmann::json({"batch", m.num_heads, tokens, tokens}).dump());
   }
+  if (map_head) {
+    EXPECT_EQ(outputs[1 + m.depth]["name"], "pool_attention");
+    EXPECT_EQ(outputs[1 + m.depth]["shape"].dump(),
+              nlohmann::json({"batch", m.num_heads, 1, m.grid_h() * m.grid_w()}).dump());
+  }
 
   torch::NoGradGuard no_grad;
   for (const auto& [key, x] : inputs) {
     const auto expected = net->forward(x);  // (B, K), or (B, D) pooled features without a head
     Capture capture;
     capture.attention = true;
-    net->forward_features(x, {}, &capture);
+    net->forward_head(net->forward_features(x, {}, &capture), false, &capture);
     const auto got = reference.outputs.tensor(key + "/" + output);
     ASSERT_EQ(got.sizes(), expected.sizes()) << key;
     const double logits = max_abs_diff(got, expected);
@@ -147,6 +187,10 @@ TEST_P(OnnxParity, LogitsAndAttentionMatchOnnxruntime) {
       const auto probs = reference.outputs.tensor(key + "/attention." + std::to_string(b));
       ASSERT_EQ(probs.sizes(), capture.attention_probs[b].sizes()) << key << " attention." << b;
       attention = std::max(attention, max_abs_diff(probs, capture.attention_probs[b]));
+    }
+    if (map_head) {
+      attention = std::max(attention, max_abs_diff(reference.outputs.tensor(key + "/pool_attention"),
+                                                   capture.pool_attention));
     }
     std::cout << variant.name << " " << key << ": max |d| " << output << " " << logits << ", attention " << attention
               << "\n";

@@ -129,7 +129,10 @@ class GraphBuilder {
   // A 1-D int64 constant (a shape, an axis list), shared by value; scalar_index gives a 0-d index for Gather.
   std::string ints(const std::vector<int64_t>& values, bool scalar_index = false) {
     std::string name = scalar_index ? "const.index" : "const.ints";
-    for (int64_t v : values) name += "." + std::to_string(v);
+    for (int64_t v : values) {
+      name += '.';  // appended in two steps: GCC 12 in C++20 mode warns falsely on "." + std::string&&
+      name += std::to_string(v);
+    }
     if (constants_.insert(name).second) {
       auto* tensor = graph_->add_initializer();
       tensor->set_name(name);
@@ -167,6 +170,7 @@ void attribute(proto::NodeProto* node, const std::string& name, const std::vecto
 // The architecture, with the checks the graph relies on (the model validates more; this writer is torch-free).
 struct Geometry {
   int64_t C, H, W, P, gh, gw, L, prefix, N, D, nh, hd, hidden, K;
+  int64_t pos_rows;  // rows of pos_embed: L, plus the prefix tokens' unless no_embed_class
 };
 
 Geometry geometry(const ModelConfig& m, const std::string& path) {
@@ -194,8 +198,9 @@ Geometry geometry(const ModelConfig& m, const std::string& path) {
   g.gh = m.grid_h();
   g.gw = m.grid_w();
   g.L = g.gh * g.gw;
-  g.prefix = m.class_token ? 1 : 0;
+  g.prefix = m.num_prefix_tokens();
   g.N = g.L + g.prefix;
+  g.pos_rows = g.L + m.pos_embed_prefix();
   g.D = m.embed_dim;
   g.nh = m.num_heads;
   g.hd = m.head_dim();
@@ -204,12 +209,28 @@ Geometry geometry(const ModelConfig& m, const std::string& path) {
   return g;
 }
 
-// Exact GELU from Erf (opset 17 has no Gelu), in torch's order: x * 0.5 * (1 + erf(x / sqrt(2))).
-std::string gelu(GraphBuilder& b, const std::string& x, const std::string& name) {
-  auto scaled = b.op("Mul", {x, b.scalar("gelu.inv_sqrt2", static_cast<float>(M_SQRT1_2))}, name + ".scaled");
-  auto erf = b.op("Erf", {scaled}, name + ".erf");
-  auto one_plus = b.op("Add", {erf, b.scalar("gelu.one", 1.0f)}, name + ".one_plus_erf");
+// The MLP activation (opset 17 has no Gelu). Exact GELU from Erf, in torch's order: x * 0.5 * (1 + erf(x / sqrt(2)));
+// quick_gelu: x * sigmoid(1.702 x); gelu_tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+std::string activation(GraphBuilder& b, const std::string& x, const std::string& name, Activation act) {
+  if (act == Activation::quick_gelu) {
+    auto scaled = b.op("Mul", {x, b.scalar("quick_gelu.scale", 1.702f)}, name + ".scaled");
+    auto gate = b.op("Sigmoid", {scaled}, name + ".sigmoid");
+    return b.op("Mul", {x, gate}, name);
+  }
   auto half_x = b.op("Mul", {x, b.scalar("gelu.half", 0.5f)}, name + ".half_x");
+  std::string squashed;
+  if (act == Activation::gelu_tanh) {
+    auto cube = b.op("Mul", {b.op("Mul", {x, x}, name + ".x2"), x}, name + ".x3");
+    auto inner = b.op("Add", {x, b.op("Mul", {cube, b.scalar("gelu_tanh.c", 0.044715f)}, name + ".cx3")},
+                      name + ".inner");
+    auto scaled = b.op("Mul", {inner, b.scalar("gelu_tanh.k", static_cast<float>(std::sqrt(2.0 / M_PI)))},
+                       name + ".scaled");
+    squashed = b.op("Tanh", {scaled}, name + ".tanh");
+  } else {
+    auto scaled = b.op("Mul", {x, b.scalar("gelu.inv_sqrt2", static_cast<float>(M_SQRT1_2))}, name + ".scaled");
+    squashed = b.op("Erf", {scaled}, name + ".erf");
+  }
+  auto one_plus = b.op("Add", {squashed, b.scalar("gelu.one", 1.0f)}, name + ".one_plus");
   return b.op("Mul", {half_x, one_plus}, name);
 }
 
@@ -232,36 +253,47 @@ std::string linear(GraphBuilder& b, Weights& w, const std::string& x, const std:
   return name;
 }
 
-// Patch embedding, class token and position embedding: pixel_values -> (B*N, D).
-std::string embed(GraphBuilder& b, Weights& w, const std::string& pixels, const Geometry& g) {
-  // A stride-P P x P convolution, the weight in its state-dict layout (D, C, P, P).
-  auto kernel = b.weight("patch_embed.proj.weight", w.take("patch_embed.proj.weight", {g.D, g.C, g.P, g.P}));
-  auto kernel_bias = b.weight("patch_embed.proj.bias", w.take("patch_embed.proj.bias", {g.D}));
-  auto* conv = b.node("Conv", {pixels, kernel, kernel_bias}, "patch_embed.proj");  // (B, D, gh, gw)
+// Patch embedding, prefix tokens (class, registers), position embedding and norm_pre: pixel_values -> (B*N, D).
+std::string embed(GraphBuilder& b, Weights& w, const std::string& pixels, const Geometry& g, const ModelConfig& m) {
+  // A stride-P P x P convolution, the weight in its state-dict layout (D, C, P, P); no bias with pre_norm.
+  std::vector<std::string> conv_inputs{pixels, b.weight("patch_embed.proj.weight",
+                                                        w.take("patch_embed.proj.weight", {g.D, g.C, g.P, g.P}))};
+  if (!m.pre_norm) conv_inputs.push_back(b.weight("patch_embed.proj.bias", w.take("patch_embed.proj.bias", {g.D})));
+  auto* conv = b.node("Conv", conv_inputs, "patch_embed.proj");  // (B, D, gh, gw)
   attribute(conv, "kernel_shape", std::vector<int64_t>{g.P, g.P});
   attribute(conv, "strides", std::vector<int64_t>{g.P, g.P});
   auto flat = b.op("Reshape", {"patch_embed.proj", b.ints({0, g.D, g.L})}, "patch_embed.flat");  // (B, D, L)
   auto* rows = b.node("Transpose", {flat}, "patch_embed");  // (B, L, D), row by row
   attribute(rows, "perm", std::vector<int64_t>{0, 2, 1});
   std::string tokens = "patch_embed";
+  auto pos = b.weight("pos_embed", w.take("pos_embed", {1, g.pos_rows, g.D}));
+  // no_embed_class: the position embedding covers the patches only, added before the prefix tokens join (DeiT-3).
+  if (m.no_embed_class) tokens = b.op("Add", {tokens, pos}, "patch_embed.pos");
   if (g.prefix) {
-    // The class token broadcast over the batch: Expand to (B, 1, D), B read from the input at run time.
+    // Prefix tokens broadcast over the batch: Expand to (B, n, D), B read from the input at run time.
     auto* batch = b.node("Shape", {pixels}, "batch_size");  // (1) = [B]
     attribute(batch, "start", int64_t{0});
     attribute(batch, "end", int64_t{1});
-    attribute(b.node("Concat", {"batch_size", b.ints({1, g.D})}, "cls_token.shape"), "axis", int64_t{0});
-    auto cls = b.op("Expand", {b.weight("cls_token", w.take("cls_token", {1, 1, g.D})), "cls_token.shape"},
-                    "cls_token.batch");  // (B, 1, D)
-    attribute(b.node("Concat", {cls, tokens}, "tokens.with_cls"), "axis", int64_t{1});  // (B, N, D)
-    tokens = "tokens.with_cls";
+    std::vector<std::string> parts;
+    auto prefix_tokens = [&](const std::string& name, int64_t count) {
+      attribute(b.node("Concat", {"batch_size", b.ints({count, g.D})}, name + ".shape"), "axis", int64_t{0});
+      parts.push_back(b.op("Expand", {b.weight(name, w.take(name, {1, count, g.D})), name + ".shape"},
+                           name + ".batch"));  // (B, count, D)
+    };
+    if (m.class_token) prefix_tokens("cls_token", 1);
+    if (m.reg_tokens > 0) prefix_tokens("reg_token", m.reg_tokens);
+    parts.push_back(tokens);
+    attribute(b.node("Concat", parts, "tokens.with_prefix"), "axis", int64_t{1});  // (B, N, D)
+    tokens = "tokens.with_prefix";
   }
-  auto pos = b.weight("pos_embed", w.take("pos_embed", {1, g.N, g.D}));
-  auto added = b.op("Add", {tokens, pos}, "embed");                  // (B, N, D)
+  std::string added = m.no_embed_class ? tokens : b.op("Add", {tokens, pos}, "embed");  // (B, N, D)
+  if (m.pre_norm) added = layer_norm(b, w, added, "norm_pre", g.D, m.layer_norm_eps);
   return b.op("Reshape", {added, b.ints({-1, g.D})}, "embed.rows");  // (B*N, D)
 }
 
 struct BlockOptions {
-  bool qkv_bias, layer_scale, rel_pos_bias;
+  bool qkv_bias, layer_scale, rel_pos_bias, qk_norm;
+  Activation act;
   double eps;
   std::string probs_output;  // the softmax's tensor name: "attention.{i}" when it is a graph output
 };
@@ -279,11 +311,16 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
     return p + name;  // (B, nh, N, hd)
   };
   auto q = take(0, "attn.q"), k = take(1, "attn.k"), v = take(2, "attn.v");
+  if (o.qk_norm) {  // LayerNorm over each head's hd features
+    q = layer_norm(b, w, q, p + "attn.q_norm", g.hd, o.eps);
+    k = layer_norm(b, w, k, p + "attn.k_norm", g.hd, o.eps);
+  }
   // As the model's explicit path: scale q, q @ k^T, (+ relative bias), softmax over keys.
   auto q_scaled =
       b.op("Mul", {q, b.scalar("attn.scale", static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.hd))))},
            p + "attn.q_scaled");
   attribute(b.node("Transpose", {k}, p + "attn.k_t"), "perm", std::vector<int64_t>{0, 1, 3, 2});  // (B, nh, hd, N)
+
   auto logits = b.op("MatMul", {q_scaled, p + "attn.k_t"}, p + "attn.logits");                   // (B, nh, N, N)
   if (o.rel_pos_bias) {
     // The table is the trained parameter; the graph adds the (nh, N, N) bias the model gathers from it at this grid,
@@ -304,28 +341,71 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
 
   auto m = layer_norm(b, w, y, p + "norm2", g.D, o.eps);
   m = linear(b, w, m, p + "mlp.fc1", g.D, g.hidden);
-  m = gelu(b, m, p + "mlp.act");
+  m = activation(b, m, p + "mlp.act", o.act);
   m = linear(b, w, m, p + "mlp.fc2", g.hidden, g.D);
   if (o.layer_scale) m = b.op("Mul", {m, b.weight(p + "ls2.gamma", w.take(p + "ls2.gamma", {g.D}))}, p + "ls2");
   return b.op("Add", {y, m}, p + "output");
 }
 
-// Pool (class token, or mean of the patch tokens), its norm, the head: (B*N, D) -> (B, K), or (B, D) without a head.
+// global_pool "map": the latent query attends over the patch tokens (B, Np, D), then proj and x + mlp(norm(x)):
+// -> (B, D). The softmax is named `probs_output`.
+std::string attention_pool(GraphBuilder& b, Weights& w, const std::string& patches, const Geometry& g,
+                           const ModelConfig& m, const std::string& probs_output) {
+  const std::string p = "attn_pool.";
+  auto latent = b.op("Reshape", {b.weight(p + "latent", w.take(p + "latent", {1, 1, g.D})), b.ints({1, g.D})},
+                     p + "latent.row");                                      // (1, D)
+  auto q = linear(b, w, latent, p + "q", g.D, g.D);                          // (1, D), the same for every image
+  auto q_heads = b.op("Reshape", {q, b.ints({1, g.nh, 1, g.hd})}, p + "q.heads");  // (1, nh, 1, hd)
+  auto q_scaled =
+      b.op("Mul", {q_heads, b.scalar("attn.scale", static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.hd))))},
+           p + "q.scaled");
+  auto rows = b.op("Reshape", {patches, b.ints({-1, g.D})}, p + "x.rows");  // (B*Np, D)
+  auto kv = linear(b, w, rows, p + "kv", g.D, 2 * g.D);                     // (B*Np, 2D)
+  auto kv_heads = b.op("Reshape", {kv, b.ints({-1, g.L, 2, g.nh, g.hd})}, p + "kv.heads");
+  attribute(b.node("Transpose", {kv_heads}, p + "kv.split"), "perm", std::vector<int64_t>{2, 0, 3, 1, 4});
+  auto take = [&](int64_t i, const std::string& name) {
+    attribute(b.node("Gather", {p + "kv.split", b.ints({i}, /*scalar_index=*/true)}, p + name), "axis", int64_t{0});
+    return p + name;  // (B, nh, Np, hd)
+  };
+  auto k = take(0, "k"), v = take(1, "v");
+  attribute(b.node("Transpose", {k}, p + "k_t"), "perm", std::vector<int64_t>{0, 1, 3, 2});  // (B, nh, hd, Np)
+  auto logits = b.op("MatMul", {q_scaled, p + "k_t"}, p + "logits");                        // (B, nh, 1, Np)
+  attribute(b.node("Softmax", {logits}, probs_output), "axis", int64_t{-1});
+  auto context = b.op("MatMul", {probs_output, v}, p + "context");  // (B, nh, 1, hd)
+  attribute(b.node("Transpose", {context}, p + "merge"), "perm", std::vector<int64_t>{0, 2, 1, 3});
+  auto merged = b.op("Reshape", {p + "merge", b.ints({-1, g.D})}, p + "merged");  // (B, D)
+  auto x = linear(b, w, merged, p + "proj", g.D, g.D);
+  auto h = layer_norm(b, w, x, p + "norm", g.D, m.layer_norm_eps);
+  h = linear(b, w, h, p + "mlp.fc1", g.D, g.hidden);
+  h = activation(b, h, p + "mlp.act", m.act_layer);
+  h = linear(b, w, h, p + "mlp.fc2", g.hidden, g.D);
+  return b.op("Add", {x, h}, p + "output");  // (B, D)
+}
+
+// The final norm (norm on the tokens, or fc_norm after pooling, or neither), the pool (class token, mean of the
+// patch tokens, or attn_pool over them), the head: (B*N, D) -> (B, K), or (B, D) without a head.
 std::string head(GraphBuilder& b, Weights& w, const std::string& x, const Geometry& g, const ModelConfig& m,
-                 const std::string& output) {
+                 const std::string& output, const std::string& pool_probs) {
   auto tokens = b.op("Reshape", {x, b.ints({-1, g.N, g.D})}, "tokens");  // (B, N, D)
+  // The final norm acts on each token alone, so normalising only the tokens the pool reads gives the model's numbers.
+  const bool token_norm = m.final_norm && !m.use_fc_norm();
   std::string pooled;
-  if (m.global_pool == GlobalPool::avg) {
-    auto patches = b.op("Slice", {tokens, b.ints({g.prefix}), b.ints({g.N}), b.ints({1})}, "patch_tokens");
-    auto* mean = b.node("ReduceMean", {patches}, "pooled");  // (B, D)
-    attribute(mean, "axes", std::vector<int64_t>{1});
-    attribute(mean, "keepdims", int64_t{0});
-    pooled = layer_norm(b, w, "pooled", "fc_norm", g.D, m.layer_norm_eps);
-  } else {
-    // The final norm acts on each token alone, so normalising just the class token gives the model's numbers.
+  if (m.global_pool == GlobalPool::token) {
     attribute(b.node("Gather", {tokens, b.ints({0}, /*scalar_index=*/true)}, "pooled"), "axis", int64_t{1});
-    pooled = layer_norm(b, w, "pooled", "norm", g.D, m.layer_norm_eps);
+    pooled = token_norm ? layer_norm(b, w, "pooled", "norm", g.D, m.layer_norm_eps) : "pooled";
+  } else {
+    std::string patches = b.op("Slice", {tokens, b.ints({g.prefix}), b.ints({g.N}), b.ints({1})}, "patch_tokens");
+    if (token_norm) patches = layer_norm(b, w, patches, "norm", g.D, m.layer_norm_eps);  // (B, Np, D)
+    if (m.global_pool == GlobalPool::map) {
+      pooled = attention_pool(b, w, patches, g, m, pool_probs);
+    } else {
+      auto* mean = b.node("ReduceMean", {patches}, "pooled");  // (B, D)
+      attribute(mean, "axes", std::vector<int64_t>{1});
+      attribute(mean, "keepdims", int64_t{0});
+      pooled = "pooled";
+    }
   }
+  if (m.final_norm && m.use_fc_norm()) pooled = layer_norm(b, w, pooled, "fc_norm", g.D, m.layer_norm_eps);
   if (g.K == 0) return b.op("Identity", {pooled}, output);
   std::vector<std::string> inputs{pooled, b.weight("head.weight", w.take("head.weight", {g.K, g.D})),
                                   b.weight("head.bias", w.take("head.bias", {g.K}))};
@@ -392,15 +472,17 @@ void write_onnx(const ExportInput& input, const std::string& path) {
   set_shape(pixels, {g.C, g.H, g.W});
 
   GraphBuilder b(graph);
-  std::string x = embed(b, w, "pixel_values", g);
+  std::string x = embed(b, w, "pixel_values", g, m);
   for (int64_t i = 0; i < m.depth; ++i) {
     const std::string prefix = "blocks." + std::to_string(i) + ".";
-    BlockOptions options{m.qkv_bias, m.init_values.has_value(), m.rel_pos_bias, m.layer_norm_eps,
+    BlockOptions options{m.qkv_bias,    m.init_values.has_value(), m.rel_pos_bias, m.qk_norm, m.act_layer,
+                         m.layer_norm_eps,
                          input.attention_outputs ? "attention." + std::to_string(i) : prefix + "attn.probs"};
     x = block(b, w, x, prefix, g, options);
   }
   const std::string output_name = g.K > 0 ? "logits" : "features";
-  head(b, w, x, g, m, output_name);
+  const bool map_head = m.global_pool == GlobalPool::map;
+  head(b, w, x, g, m, output_name, input.attention_outputs ? "pool_attention" : "attn_pool.probs");
   w.check_all_taken();
 
   auto* output = graph->add_output();
@@ -411,6 +493,11 @@ void write_onnx(const ExportInput& input, const std::string& path) {
       auto* probs = graph->add_output();
       probs->set_name("attention." + std::to_string(i));
       set_shape(probs, {g.nh, g.N, g.N});
+    }
+    if (map_head) {
+      auto* probs = graph->add_output();
+      probs->set_name("pool_attention");
+      set_shape(probs, {g.nh, 1, g.L});
     }
   }
 

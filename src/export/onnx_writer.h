@@ -3,7 +3,8 @@
 //
 // The graph: input `pixel_values` (batch, C, H, W) float32, H x W the trained size; output `logits` (batch, K), or
 // `features` (batch, D), the pooled and normalised features, for a model without a head (num_classes 0); with
-// attention_outputs also `attention.{i}` (batch, nh, N, N), block i's softmax probabilities (rows = queries).
+// attention_outputs also `attention.{i}` (batch, nh, N, N), block i's softmax probabilities (rows = queries), and with
+// global_pool "map" `pool_attention` (batch, nh, 1, Np), the pooling head's.
 #pragma once
 
 #include <cstdint>

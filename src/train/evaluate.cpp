@@ -115,7 +115,10 @@ std::string confusion_csv(const torch::Tensor& confusion, const std::vector<std:
   const auto acc = counts.accessor<int64_t, 2>();
   for (int64_t r = 0; r < counts.size(0); ++r) {
     csv += class_names[r];
-    for (int64_t c = 0; c < counts.size(1); ++c) csv += "," + std::to_string(acc[r][c]);
+    for (int64_t c = 0; c < counts.size(1); ++c) {
+      csv += ',';  // two appends: GCC 12 in C++20 mode warns falsely on "," + std::string&&
+      csv += std::to_string(acc[r][c]);
+    }
     csv += "\n";
   }
   return csv;
