@@ -13,6 +13,7 @@
 #include "export/export.h"
 #include "image/decode.h"
 #include "io/model_file.h"
+#include "io/npy.h"
 #include "io/safetensors.h"
 #include "io/snapshot.h"
 #include "test_util.h"
@@ -252,7 +253,19 @@ TEST(Export, WhatTheFormatCannotRepresentFailsAndLeavesNothing) {
   ModelConfig avg = test::tiny_vit(16, 8, 3, 2, 16, 1, 2, 2.0);
   avg.global_pool = GlobalPool::avg;
   auto model = our_model(avg, Preprocess{}, dir / "avg.safetensors");
-  EXPECT_NE(error_of([&] { export_model(model, {ExportFormat::hf, dir / "hf", false}); }).find("average pooling"),
+  EXPECT_NE(error_of([&] { export_model(model, {ExportFormat::hf, dir / "hf", false}); }).find("global_pool \"avg\""),
+            std::string::npos);
+  ModelConfig registers = test::tiny_vit(16, 8, 3, 2, 16, 1, 2, 2.0);
+  registers.reg_tokens = 2;
+  auto with_registers = our_model(registers, Preprocess{}, dir / "reg.safetensors");
+  EXPECT_NE(error_of([&] { export_model(with_registers, {ExportFormat::hf, dir / "hf", false}); })
+                .find("hf format cannot represent register tokens"),
+            std::string::npos);
+  ModelConfig eps = test::tiny_vit(16, 8, 3, 2, 16, 1, 2, 2.0);
+  eps.layer_norm_eps = 1e-4;
+  auto other_eps = our_model(eps, Preprocess{}, dir / "eps.safetensors");
+  EXPECT_NE(error_of([&] { export_model(other_eps, {ExportFormat::timm, dir / "timm", false}); })
+                .find("layer_norm_eps 0.0001"),
             std::string::npos);
   ModelConfig rel = test::tiny_vit(16, 8, 3, 2, 16, 1, 2, 2.0);
   rel.rel_pos_bias = true;
@@ -297,12 +310,15 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
     test::write_bytes(dir / (name + "/model.safetensors"), "");
     return error_of([&] { load_model(dir / name); });
   };
-  EXPECT_NE(refusal("clip", R"({"architecture": "vit_base_patch16_clip_224.openai", "num_classes": 0})")
-                .find("needs pre_norm and quick_gelu"),
+  EXPECT_NE(refusal("giant", R"({"architecture": "vit_giant_patch14_dinov2.lvd142m", "num_classes": 0})")
+                .find("needs a SwiGLU MLP"),
             std::string::npos);
-  EXPECT_NE(refusal("reg", R"({"architecture": "vit_small_patch16_224",
-                               "model_args": {"reg_tokens": 4}})")
-                .find("model_args.reg_tokens = 4 is not supported"),
+  EXPECT_NE(refusal("proj_bias", R"({"architecture": "vit_small_patch16_224",
+                                     "model_args": {"proj_bias": false}})")
+                .find("model_args.proj_bias = false is not supported"),
+            std::string::npos);
+  EXPECT_NE(refusal("act", R"({"architecture": "vit_small_patch16_224", "model_args": {"act_layer": "silu"}})")
+                .find("model_args.act_layer: \"silu\" is not supported"),
             std::string::npos);
   EXPECT_NE(refusal("deit", R"({"model_type": "deit"})").find("distillation token"), std::string::npos);
   EXPECT_NE(refusal("deit_distilled", R"({"architecture": "deit_base_distilled_patch16_224"})").find("dist_token"),
@@ -411,6 +427,75 @@ TEST(ExportOnnxCli, TimmSnapshotToOnnxRunsInOnnxruntime) {
                                  test::quoted(dir / "x"));
   EXPECT_EQ(bad.status, 2) << bad.errors;
   EXPECT_FALSE(file_exists(dir / "x"));
+}
+
+// The timm family downstream, through the CLI: a model with register tokens, no class token, a MAP head, qk_norm,
+// pre_norm and quick_gelu trains from a config, evaluates, explains (maps over the patches, read through the MAP
+// head's pooling attention), exports to a timm folder that timm loads strictly with our logits, and fine-tunes from
+// that folder at another size (pos_embed resampled without prefix rows: no_embed_class).
+TEST(FamilyCli, TrainEvaluateExplainExportAndFinetune) {
+  TempDir dir;
+  test::write_idx_dataset(dir / "data", 512, 128);
+  nlohmann::json model = {{"img_size", 16},        {"patch_size", 4},      {"in_chans", 1},
+                          {"num_classes", 4},      {"embed_dim", 32},      {"depth", 2},
+                          {"num_heads", 4},        {"mlp_ratio", 2.0},     {"class_token", false},
+                          {"reg_tokens", 2},       {"no_embed_class", true}, {"global_pool", "map"},
+                          {"qk_norm", true},       {"pre_norm", true},     {"act_layer", "quick_gelu"},
+                          {"layer_norm_eps", 1e-5}, {"init_values", 0.1}};
+  nlohmann::json doc = {
+      {"model", model},
+      {"data", {{"format", "mnist"}, {"root", dir / "data"}, {"mean", {0.5}}, {"std", {0.5}}, {"num_workers", 2}}},
+      {"train", {{"epochs", 3}, {"batch_size", 16}, {"lr", 2e-3}, {"warmup_steps", 5}, {"threads", 2}, {"seed", 7},
+                 {"output_root", dir / "runs"}}}};
+  test::write_bytes(dir / "config.json", doc.dump(2));
+  const auto trained = test::run_vit("train --config " + test::quoted(dir / "config.json") + " --out " +
+                                     test::quoted(dir / "run"));
+  ASSERT_EQ(trained.status, 0) << trained.errors;
+  const std::string best = dir / "run/best.safetensors";
+  const auto evaluated = test::run_vit("evaluate --checkpoint " + test::quoted(best) + " --config " +
+                                       test::quoted(dir / "config.json") + " --json");
+  ASSERT_EQ(evaluated.status, 0) << evaluated.errors;
+  const auto metrics = nlohmann::json::parse(evaluated.output);
+  std::cout << "family model: " << metrics.dump() << "\n";
+  EXPECT_GT(metrics["top1"].get<double>(), 80.0);
+
+  const auto explained = test::run_vit("export-attention --checkpoint " + test::quoted(best) + " --out " +
+                                       test::quoted(dir / "maps") + " --grad-rollout " +
+                                       test::quoted(test::data_path("tiny32/chelsea.png")));
+  ASSERT_EQ(explained.status, 0) << explained.errors;
+  EXPECT_EQ(read_npy(dir / "maps/chelsea/rollout.npy").sizes(), (std::vector<int64_t>{4, 4}));  // patches only
+  EXPECT_EQ(read_npy(dir / "maps/chelsea/attn_1.npy").sizes(), (std::vector<int64_t>{4, 18, 18}));  // 2 + 16 tokens
+  EXPECT_EQ(read_npy(dir / "maps/chelsea/pool_attn.npy").sizes(), (std::vector<int64_t>{4, 16}));
+  const auto summary = nlohmann::json::parse(read_file(dir / "maps/chelsea/summary.json"));
+  EXPECT_EQ(summary["model"]["prefix_tokens"], 2);
+  EXPECT_NE(summary["method"]["rollout"]["readout"].get<std::string>().find("MAP head"), std::string::npos);
+
+  const std::string timm_dir = dir / "timm";
+  const auto exported = test::run_vit("export --checkpoint " + test::quoted(best) + " --format timm --out " +
+                                      test::quoted(timm_dir));
+  ASSERT_EQ(exported.status, 0) << exported.errors;
+  if (!test::reference_python({"timm", "safetensors"}, nullptr).empty()) {
+    auto loaded = load_model(best);
+    torch::manual_seed(2);
+    const auto x = torch::randn({3, 1, 16, 16});
+    safetensors::write(dir / "inputs.safetensors", {{"x.0", x}});
+    test::write_bytes(dir / "image.png", read_file(test::data_path("tiny32/chelsea.png")));
+    run_python("reference_models.py", "check-timm " + test::quoted(timm_dir) + " --inputs " +
+                                          test::quoted(dir / "inputs.safetensors") + " --image " +
+                                          test::quoted(dir / "image.png") + " --ref " + test::quoted(dir / "timm.safetensors"));
+    torch::NoGradGuard no_grad;
+    const double diff = max_abs_diff(loaded.net->forward(x), safetensors::read(dir / "timm.safetensors").tensor("logits.0"));
+    std::cout << "exported to timm: max |d| logits " << diff << "\n";
+    EXPECT_LE(diff, kLogitTolerance);
+  }
+
+  doc["model"]["img_size"] = 24;
+  test::write_bytes(dir / "finetune.json", doc.dump(2));
+  const auto tuned = test::run_vit("train --config " + test::quoted(dir / "finetune.json") + " --out " +
+                                   test::quoted(dir / "tuned") + " --init-from " + test::quoted(timm_dir));
+  ASSERT_EQ(tuned.status, 0) << tuned.errors;
+  EXPECT_NE((tuned.output + tuned.errors).find("pos_embed resampled from 4x4 to 6x6"), std::string::npos)
+      << tuned.output << tuned.errors;
 }
 
 }  // namespace

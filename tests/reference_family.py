@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""References for the timm ViT family tests (tests/test_family.cpp), computed by timm.
+
+  snapshot OUT --arch NAME --args JSON --sizes HxW[,HxW...] --ref FILE
+      timm.create_model(NAME, pretrained=False, **ARGS), every weight perturbed, saved with save_for_hf (safetensors)
+      to OUT and read back through "local-dir:OUT". For each size i, --ref holds "pixels.i" (2 random images),
+      "logits.i" (timm's output: logits, or pooled features without a head), "attn.i.b" (block b's softmax
+      probabilities, (2, nh, N, N), from timm's explicit path) and, with a MAP head, "pool.i" ((2, nh, 1, Np)).
+      Sizes other than the trained one need "dynamic_img_size": true in ARGS (timm's rule). With --resample HxW,
+      "resampled_pos_embed" is the position embedding timm's checkpoint filter makes when the folder is loaded into
+      a model of that img_size (create_model("local-dir:OUT", pretrained=True, img_size=(H, W))).
+  shapes NAMES_FILE --out FILE
+      For each architecture name (one per line), timm's model at depth 1 on the meta device: its state-dict shapes,
+      LayerNorm epsilon, MLP activation, input size and prefix-token count, as JSON.
+"""
+import argparse
+import json
+
+import torch
+from safetensors.torch import save_file
+
+from reference_models import randomise  # every weight perturbed, so that each one matters
+
+
+def attention_probs(model, pixels):
+    """timm's logits, and the softmax probabilities of every block (and of a MAP head) from its explicit path."""
+    blocks, pool = [], []
+    hooks = []
+    for blk in model.blocks:
+        blk.attn.fused_attn = False
+        hooks.append(blk.attn.attn_drop.register_forward_hook(lambda m, i, o: blocks.append(i[0].detach().clone())))
+    if getattr(model, "attn_pool", None) is not None:
+        ap = model.attn_pool
+
+        def pool_hook(module, inputs):
+            x = inputs[0]
+            B, N, C = x.shape
+            q = ap.q(ap.latent.expand(B, -1, -1)).reshape(B, ap.latent_len, ap.num_heads, ap.head_dim).transpose(1, 2)
+            k = ap.kv(x).reshape(B, N, 2, ap.num_heads, ap.head_dim).permute(2, 0, 3, 1, 4)[0]
+            q, k = ap.q_norm(q), ap.k_norm(k)
+            pool.append(((q * ap.scale) @ k.transpose(-2, -1)).softmax(-1).detach().clone())
+
+        hooks.append(ap.register_forward_pre_hook(pool_hook))
+    with torch.no_grad():
+        model(pixels)
+    for h in hooks:
+        h.remove()
+    for blk in model.blocks:
+        blk.attn.fused_attn = True
+    return blocks, pool
+
+
+def snapshot(a):
+    import timm
+    from timm.models._hub import save_for_hf
+
+    model_args = json.loads(a.args)
+    # The preprocessing size of a coherent snapshot is the model's (a pretrained one's pretrained_cfg says so too).
+    size = model_args.get("img_size", 224)
+    size = [size, size] if isinstance(size, int) else size
+    overlay = dict(input_size=(model_args.get("in_chans", 3), *size))
+    model = timm.create_model(a.arch, pretrained=False, pretrained_cfg_overlay=overlay, **model_args).eval()
+    randomise(model, 3)
+    save_for_hf(model, a.out, model_args=model_args, safe_serialization=True)
+    model = timm.create_model("local-dir:" + a.out, pretrained=True).eval()
+    out = {"num_params": torch.tensor([sum(p.numel() for p in model.parameters())], dtype=torch.int64)}
+    gen = torch.Generator().manual_seed(5)
+    for i, size in enumerate(a.sizes.split(",")):
+        h, w = (int(v) for v in size.split("x"))
+        pixels = torch.randn(2, model.patch_embed.proj.in_channels, h, w, generator=gen)
+        with torch.no_grad():
+            out[f"logits.{i}"] = model(pixels).contiguous()  # timm's default path (fused attention)
+        blocks, pool = attention_probs(model, pixels)
+        out[f"pixels.{i}"] = pixels.contiguous()
+        for b, probs in enumerate(blocks):
+            out[f"attn.{i}.{b}"] = probs.contiguous()
+        if pool:
+            out[f"pool.{i}"] = pool[0].contiguous()
+    if a.resample:
+        h, w = (int(v) for v in a.resample.split("x"))
+        resized = timm.create_model("local-dir:" + a.out, pretrained=True, img_size=(h, w))
+        out["resampled_pos_embed"] = resized.pos_embed.detach().contiguous()
+    save_file(out, a.ref)
+
+
+def shapes(a):
+    import timm
+
+    with open(a.names) as f:
+        names = [line.strip() for line in f if line.strip()]
+    out = {}
+    for name in names:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False, depth=1)
+        norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+        act = model.blocks[0].mlp.act
+        act_name = {"GELU": "gelu", "QuickGELU": "quick_gelu", "GELUTanh": "gelu_tanh"}.get(type(act).__name__,
+                                                                                          type(act).__name__)
+        if act_name == "gelu" and getattr(act, "approximate", "none") == "tanh":
+            act_name = "gelu_tanh"
+        out[name] = {
+            "state": {k: list(v.shape) for k, v in model.state_dict().items()},
+            "eps": sorted({m.eps for m in norms}),
+            "act": act_name,
+            "img_size": list(model.patch_embed.img_size),
+            "num_prefix_tokens": model.num_prefix_tokens,
+        }
+    with open(a.out, "w") as f:
+        json.dump(out, f)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("snapshot")
+    p.add_argument("out")
+    p.add_argument("--arch", required=True)
+    p.add_argument("--args", default="{}")
+    p.add_argument("--sizes", required=True)
+    p.add_argument("--resample")
+    p.add_argument("--ref", required=True)
+    p.set_defaults(run=snapshot)
+    p = sub.add_parser("shapes")
+    p.add_argument("names")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=shapes)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()

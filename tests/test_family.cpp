@@ -1,0 +1,260 @@
+// The timm ViT family (model_config.h: reg_tokens, no_embed_class, pre_norm, qk_norm, act_layer, final_norm, fc_norm,
+// global_pool "map"), against timm from PyPI: random-initialised small versions of each architecture, saved by
+// timm's save_for_hf and loaded here with no config, give timm's logits within 1e-4 and its attention within 1e-5,
+// at the trained size and (with timm's dynamic_img_size) at another one; every preset has the state-dict shapes,
+// LayerNorm epsilon, activation, input size and prefix tokens of timm's model of that name. References come from
+// tests/reference_family.py, run by the project's reference Python (skips with the reason where it is missing).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "config/timm_architectures.h"
+#include "io/model_file.h"
+#include "io/safetensors.h"
+#include "model/flops.h"
+#include "test_util.h"
+#include "util/fs.h"
+
+namespace vit {
+namespace {
+
+using test::max_abs_diff;
+using test::run_python;
+using test::TempDir;
+
+constexpr double kLogitTolerance = 1e-4;
+constexpr double kAttentionTolerance = 1e-5;
+
+struct FamilyCase {
+  std::string name, arch, args, sizes;  // sizes: "HxW,..." (the first is the trained size)
+  std::string resample = "";            // "HxW": also load the folder for fine-tuning at that img_size
+};
+
+void PrintTo(const FamilyCase& c, std::ostream* os) { *os << c.name << " (" << c.arch << ")"; }
+
+class TimmFamily : public ::testing::TestWithParam<FamilyCase> {};
+
+TEST_P(TimmFamily, LoadsWithNoConfigAndMatchesTimm) {
+  SKIP_WITHOUT_PYTHON("timm", "safetensors");
+  const auto& c = GetParam();
+  TempDir dir;
+  const std::string snap = dir / "snapshot", ref = dir / "ref.safetensors";
+  run_python("reference_family.py", "snapshot " + test::quoted(snap) + " --arch " + c.arch + " --args " +
+                                        test::quoted(c.args) + " --sizes " + c.sizes + " --ref " + test::quoted(ref) +
+                                        (c.resample.empty() ? "" : " --resample " + c.resample));
+  auto model = load_model(snap);
+  model.net->eval();
+  const auto expected = safetensors::read(ref);
+  EXPECT_EQ(count_parameters(*model.net), expected.tensor("num_params").item<int64_t>());
+  // vit info's table counts every parameter.
+  int64_t counted = 0;
+  for (const auto& cost : layer_costs(model.model)) counted += cost.params;
+  EXPECT_EQ(counted, count_parameters(*model.net));
+
+  torch::NoGradGuard no_grad;
+  for (int i = 0;; ++i) {
+    const std::string at = std::to_string(i);
+    if (expected.find("pixels." + at) == nullptr) break;
+    const auto pixels = expected.tensor("pixels." + at);
+    const auto logits = model.net->forward(pixels);  // the default path (fused attention where the build has it)
+    Capture capture;
+    capture.attention = true;
+    const auto explicit_logits = model.net->forward_head(model.net->forward_features(pixels, {}, &capture), false,
+                                                         &capture);
+    const double logit_diff = max_abs_diff(logits, expected.tensor("logits." + at));
+    const double explicit_diff = max_abs_diff(explicit_logits, expected.tensor("logits." + at));
+    double attention_diff = 0;
+    ASSERT_EQ(static_cast<int64_t>(capture.attention_probs.size()), model.model.depth);
+    for (size_t b = 0; b < capture.attention_probs.size(); ++b) {
+      attention_diff = std::max(attention_diff, max_abs_diff(capture.attention_probs[b],
+                                                             expected.tensor("attn." + at + "." + std::to_string(b))));
+    }
+    const bool map_head = expected.find("pool." + at) != nullptr;
+    EXPECT_EQ(map_head, model.model.global_pool == GlobalPool::map);
+    const double pool_diff = map_head ? max_abs_diff(capture.pool_attention, expected.tensor("pool." + at)) : 0.0;
+    std::cout << c.name << " at " << pixels.size(2) << "x" << pixels.size(3) << ": max |d| logits " << logit_diff
+              << " (explicit attention " << explicit_diff << "), attention " << attention_diff
+              << (map_head ? ", pooling attention " : "");
+    if (map_head) std::cout << pool_diff;
+    std::cout << "\n";
+    EXPECT_LE(logit_diff, kLogitTolerance);
+    EXPECT_LE(explicit_diff, kLogitTolerance);
+    EXPECT_LE(attention_diff, kAttentionTolerance);
+    EXPECT_LE(pool_diff, kAttentionTolerance);
+  }
+  if (!c.resample.empty()) {
+    // train --init-from at another size: the position embedding resampled as timm's checkpoint filter does it
+    // (bicubic, antialiased, prefix rows kept apart unless no_embed_class).
+    ModelConfig bigger = model.model;
+    bigger.img_h = std::stoll(c.resample.substr(0, c.resample.find('x')));
+    bigger.img_w = std::stoll(c.resample.substr(c.resample.find('x') + 1));
+    VisionTransformer net(bigger);
+    const auto adapted = load_for_finetune(snap, net);
+    ASSERT_EQ(adapted.size(), 1u);
+    EXPECT_NE(adapted[0].find("pos_embed resampled"), std::string::npos) << adapted[0];
+    const double diff = max_abs_diff(net->pos_embed, expected.tensor("resampled_pos_embed"));
+    std::cout << c.name << ": pos_embed resampled to " << c.resample << ", max |d| " << diff << "\n";
+    EXPECT_LE(diff, 1e-6);
+  }
+}
+
+// Each option of the family at least once, tiny (2 blocks, width 64); the second size runs through timm's
+// dynamic_img_size (bicubic, antialiased resampling of the position embedding, prefix rows kept).
+constexpr const char* kTiny = R"("depth": 2, "embed_dim": 64, "num_heads": 4, "num_classes": 5)";
+std::string tiny(const std::string& extra) { return std::string("{") + kTiny + ", " + extra + "}"; }
+
+INSTANTIATE_TEST_SUITE_P(
+    Architectures, TimmFamily,
+    ::testing::Values(
+        // no_embed_class + LayerScale.
+        FamilyCase{"deit3", "deit3_small_patch16_224", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
+                   "32x32,48x64", "64x48"},
+        // Patch 14, LayerScale, position embedding interpolated to another grid.
+        FamilyCase{"dinov2", "vit_small_patch14_dinov2", tiny(R"("img_size": 56, "dynamic_img_size": true)"),
+                   "56x56,70x42"},
+        // Register tokens with no_embed_class; no head (features out), as the published DINOv2.
+        FamilyCase{"dinov2_reg4", "vit_small_patch14_reg4_dinov2",
+                   R"({"depth": 2, "embed_dim": 64, "num_heads": 4, "num_classes": 0, "img_size": 56,
+                       "dynamic_img_size": true})",
+                   "56x56,84x56", "28x42"},
+        // pre_norm (norm_pre, no patch bias), LayerNorm eps 1e-5 from the architecture.
+        FamilyCase{"clip_b16", "vit_base_patch16_clip_224", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
+                   "32x32,48x48"},
+        FamilyCase{"clip_b32", "vit_base_patch32_clip_224", tiny(R"("img_size": 64)"), "64x64"},
+        // OpenAI CLIP's quick_gelu.
+        FamilyCase{"clip_quickgelu", "vit_base_patch16_clip_quickgelu_224", tiny(R"("img_size": 32)"), "32x32"},
+        // MAP head without a class token.
+        FamilyCase{"siglip", "vit_base_patch16_siglip_224", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
+                   "32x32,48x32", "64x64"},
+        // MAP head with gelu_tanh.
+        FamilyCase{"siglip_tanh", "vit_base_patch32_siglip_256", tiny(R"("img_size": 64)"), "64x64"},
+        // MAP head over the patches only, behind register tokens.
+        FamilyCase{"reg4_map", "vit_so150m_patch16_reg4_map_256", tiny(R"("img_size": 32)"), "32x32"},
+        // No class token, register tokens, average pooling, no_embed_class.
+        FamilyCase{"reg4_gap", "vit_medium_patch16_reg4_gap_256", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
+                   "32x32,48x48", "48x48"},
+        // Average pooling with fc_norm false (the final norm on every token).
+        FamilyCase{"gap_no_fc_norm", "vit_base_patch16_gap_224", tiny(R"("img_size": 32)"), "32x32"},
+        // final_norm false with register tokens (RADIO).
+        FamilyCase{"no_final_norm", "vit_base_patch16_radio_v3", tiny(R"("img_size": 32)"), "32x32"},
+        // qk_norm on a plain ViT.
+        FamilyCase{"qk_norm", "vit_small_patch16_224",
+                   tiny(R"("img_size": 32, "qk_norm": true, "dynamic_img_size": true)"), "32x32,32x48", "80x48"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(TimmPresets, EveryPresetHasTimmsShapesNormsActivationAndSize) {
+  SKIP_WITHOUT_PYTHON("timm");
+  TempDir dir;
+  {
+    std::ofstream names(dir / "names.txt");
+    for (const auto& arch : kTimmArchitectures) names << arch.name << "\n";
+  }
+  run_python("reference_family.py", "shapes " + test::quoted(dir / "names.txt") + " --out " +
+                                        test::quoted(dir / "shapes.json"));
+  const auto timm = nlohmann::json::parse(read_file(dir / "shapes.json"));
+  int checked = 0;
+  for (const auto& arch : kTimmArchitectures) {
+    SCOPED_TRACE(arch.name);
+    ASSERT_TRUE(timm.contains(arch.name));
+    const auto& theirs = timm[arch.name];
+    ModelConfig m = model_preset(arch.name);
+    m.depth = 1;
+    const auto& state = theirs["state"];
+    m.num_classes = state.contains("head.weight") ? state["head.weight"][0].get<int64_t>() : 0;
+    EXPECT_EQ(theirs["img_size"], nlohmann::json::array({m.img_h, m.img_w}));
+    EXPECT_EQ(theirs["num_prefix_tokens"].get<int64_t>(), m.num_prefix_tokens());
+    EXPECT_EQ(theirs["act"].get<std::string>(), name_of(m.act_layer));
+    EXPECT_EQ(theirs["eps"], nlohmann::json::array({m.layer_norm_eps}));
+    VisionTransformer net(m, Init::none);
+    std::map<std::string, std::vector<int64_t>> ours;
+    for (const auto& [name, tensor] : state_tensors(net)) ours[name] = tensor.sizes().vec();
+    std::map<std::string, std::vector<int64_t>> expected;
+    for (const auto& [name, shape] : state.items()) expected[name] = shape.get<std::vector<int64_t>>();
+    EXPECT_EQ(ours, expected);
+    ++checked;
+  }
+  std::cout << "checked " << checked << " timm architectures\n";
+  EXPECT_GE(checked, 100);
+}
+
+// Small versions of the family's options, all at once and one by one: every parameter gets a gradient (a tensor the
+// forward pass never reads would train nothing), and the analytic parameter count equals the model's.
+TEST(FamilyModel, EveryParameterLearnsAndIsCounted) {
+  auto base = [] {
+    ModelConfig m;
+    m.img_h = m.img_w = 16, m.patch_size = 4, m.embed_dim = 32, m.depth = 2, m.num_heads = 4, m.num_classes = 3;
+    return m;
+  };
+  std::vector<ModelConfig> configs;
+  {
+    ModelConfig m = base();
+    m.class_token = false, m.reg_tokens = 2, m.no_embed_class = true, m.pre_norm = true, m.qk_norm = true;
+    m.global_pool = GlobalPool::map, m.act_layer = Activation::quick_gelu, m.init_values = 0.1;
+    configs.push_back(m);
+  }
+  {
+    ModelConfig m = base();
+    m.reg_tokens = 3, m.global_pool = GlobalPool::avg, m.fc_norm = false, m.act_layer = Activation::gelu_tanh;
+    configs.push_back(m);
+  }
+  {
+    ModelConfig m = base();
+    m.reg_tokens = 1, m.final_norm = false, m.no_embed_class = true;
+    configs.push_back(m);
+  }
+  torch::manual_seed(0);
+  for (const auto& m : configs) {
+    SCOPED_TRACE(to_json(m).dump());
+    VisionTransformer net(m);
+    const auto logits = net->forward(torch::randn({2, 3, 16, 16}));
+    ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{2, 3}));
+    logits.pow(2).sum().backward();
+    for (const auto& p : net->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key() << " has no gradient";
+      EXPECT_GT(p.value().grad().abs().sum().item<double>(), 0.0) << p.key() << " has a zero gradient";
+    }
+    int64_t counted = 0;
+    for (const auto& cost : layer_costs(m)) counted += cost.params;
+    EXPECT_EQ(counted, count_parameters(*net));
+    // Token count: prefix tokens first, then the patches.
+    Capture capture;
+    capture.attention = true;
+    torch::NoGradGuard no_grad;
+    net->forward_features(torch::randn({1, 3, 16, 16}), {}, &capture);
+    EXPECT_EQ(capture.attention_probs[0].size(-1), m.num_prefix_tokens() + 16);
+  }
+}
+
+TEST(FamilyModel, ConfigRoundTripsAndRefusesWhatDoesNotFit) {
+  ModelConfig m = model_preset("vit_small_patch14_reg4_dinov2");
+  EXPECT_EQ(m.reg_tokens, 4);
+  EXPECT_TRUE(m.no_embed_class);
+  EXPECT_EQ(m.img_h, 518);
+  EXPECT_EQ(m.pos_embed_prefix(), 0);
+  EXPECT_EQ(m.num_prefix_tokens(), 5);
+  const auto again = parse_model_config(to_json(m), "round trip");
+  EXPECT_EQ(to_json(again), to_json(m));
+  const ModelConfig clip = model_preset("vit_base_patch16_clip_quickgelu_224");
+  EXPECT_TRUE(clip.pre_norm);
+  EXPECT_EQ(clip.act_layer, Activation::quick_gelu);
+  EXPECT_DOUBLE_EQ(clip.layer_norm_eps, 1e-5);
+  const ModelConfig siglip = model_preset("vit_base_patch16_siglip_224");
+  EXPECT_EQ(siglip.global_pool, GlobalPool::map);
+  EXPECT_FALSE(siglip.class_token);
+  auto error = [](const std::string& text) {
+    return test::error_of([&] { parse_model_config(nlohmann::json::parse(text), "c.json"); });
+  };
+  EXPECT_NE(error(R"({"reg_tokens": -1})").find("model.reg_tokens"), std::string::npos);
+  EXPECT_NE(error(R"({"act_layer": "relu"})").find("model.act_layer"), std::string::npos);
+  EXPECT_NE(error(R"({"fc_norm": 1})").find("model.fc_norm"), std::string::npos);
+  EXPECT_NE(error(R"({"class_token": false})").find("\"token\" pooling needs class_token"), std::string::npos);
+  EXPECT_NE(test::error_of([] { model_preset("vit_giant_patch14_dinov2"); }).find("unknown model preset"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace vit
