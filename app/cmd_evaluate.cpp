@@ -33,7 +33,12 @@ struct EvaluateOptions {
   std::string device = "auto";
   int threads = 0;
   std::string mask_heads;  // "L:H,L:H"
+  std::string img_size;    // --img-size: one size or a comma-separated list (default: the model's own)
 };
+
+std::string size_name(const std::array<int64_t, 2>& size) {
+  return std::to_string(size[0]) + "x" + std::to_string(size[1]);
+}
 
 int run_evaluate(const EvaluateOptions& options) {
   configure_threads(options.threads);
@@ -62,6 +67,11 @@ int run_evaluate(const EvaluateOptions& options) {
                                 " classes, the " + options.split + " split has " +
                                 std::to_string(dataset->class_names().size()));
   }
+  // Every size is checked before the first is scored.
+  const std::vector<std::array<int64_t, 2>> sizes =
+      options.img_size.empty() ? std::vector<std::array<int64_t, 2>>{{model.model.img_h, model.model.img_w}}
+                               : parse_img_sizes(options.img_size, /*allow_list=*/true);
+  for (const auto& size : sizes) check_input_size(model.model, size[0], size[1], "--img-size " + img_size_text(size));
   LoaderOptions loader_options;
   loader_options.batch_size = options.batch_size;
   loader_options.shuffle = false;
@@ -69,29 +79,70 @@ int run_evaluate(const EvaluateOptions& options) {
   loader_options.num_workers = config->data.num_workers;
   loader_options.skip_bad_images = config->data.on_bad_image == BadImagePolicy::skip;
   loader_options.pin_memory = device.is_cuda();
-  Loader loader(dataset, make_eval_transform(config->data, config->model), loader_options);
   model.net->to(device);
   for (const auto& [layer, heads] : parse_head_mask(options.mask_heads)) model.net->set_head_mask(layer, heads);
-  const auto result = evaluate(model.net, loader, model.model.num_classes, device);
-  nlohmann::json report =
-      evaluation_report(result, model.class_names, [&](int64_t index) { return dataset->source(index); });
-  report["checkpoint"] = model.path;
-  report["split"] = options.split;
-  if (!options.mask_heads.empty()) report["masked_heads"] = options.mask_heads;
+
+  struct Scored {
+    std::array<int64_t, 2> size;
+    EvalResult result;
+    nlohmann::json report;
+  };
+  std::vector<Scored> scored;
+  for (const auto& size : sizes) {
+    run_at_size(model, size);
+    config->model = model.model;  // the eval transform produces this size
+    Loader loader(dataset, make_eval_transform(config->data, config->model), loader_options);
+    auto result = evaluate(model.net, loader, model.model.num_classes, device);
+    nlohmann::json report =
+        evaluation_report(result, model.class_names, [&](int64_t index) { return dataset->source(index); });
+    report["checkpoint"] = model.path;
+    report["split"] = options.split;
+    report["img_size"] = {size[0], size[1]};
+    if (!options.mask_heads.empty()) report["masked_heads"] = options.mask_heads;
+    if (sizes.size() > 1) {
+      char line[128];
+      std::snprintf(line, sizeof line, "%s at %s: top-1 %.2f%%", options.split.c_str(), size_name(size).c_str(),
+                    result.top1);
+      log::info(line);
+    }
+    scored.push_back({size, std::move(result), std::move(report)});
+  }
+  const bool several = scored.size() > 1;
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& s : scored) all.push_back(s.report);
+  const nlohmann::json combined = {{"checkpoint", model.path}, {"split", options.split}, {"sizes", all}};
+
   if (!options.out.empty()) {
     make_dirs(options.out);
-    write_file_atomic(options.out + "/confusion.csv", confusion_csv(result.confusion, model.class_names));
-    write_file_atomic(options.out + "/report.json", report.dump(2) + "\n");
+    for (const auto& s : scored) {
+      // One size: confusion.csv and confusion.png; several: each with its size in the name (confusion_35x35.csv).
+      const std::string suffix = several ? "_" + size_name(s.size) : "";
+      write_file_atomic(options.out + "/confusion" + suffix + ".csv", confusion_csv(s.result.confusion, model.class_names));
 #if VIT_WITH_OPENCV
-    plot_confusion(options.out + "/confusion.png", result.confusion, model.class_names);
+      plot_confusion(options.out + "/confusion" + suffix + ".png", s.result.confusion, model.class_names);
 #endif
-    log::info("wrote confusion.csv, confusion.png and report.json to " + options.out);
+    }
+    write_file_atomic(options.out + "/report.json", (several ? combined : scored[0].report).dump(2) + "\n");
+    log::info("wrote the confusion matrices (csv, png) and report.json to " + options.out);
   }
   if (options.json) {
-    std::cout << report.dump(2) << "\n";
+    std::cout << (several ? combined : scored[0].report).dump(2) << "\n";
     return kOk;
   }
-  std::printf("%s on %s (%lld samples)\n", model.path.c_str(), options.split.c_str(), static_cast<long long>(result.count));
+  if (several) {
+    std::printf("\n%s on %s (%lld samples)\n", model.path.c_str(), options.split.c_str(),
+                static_cast<long long>(scored[0].result.count));
+    std::printf("%-12s %8s %8s %8s\n", "img_size", "loss", "top-1", "top-5");
+    for (const auto& s : scored) {
+      std::printf("%-12s %8.4f %7.2f%% %7.2f%%\n", size_name(s.size).c_str(), s.result.loss, s.result.top1,
+                  s.result.top5);
+    }
+    return kOk;
+  }
+  const auto& result = scored[0].result;
+  const auto& report = scored[0].report;
+  std::printf("%s on %s at %s (%lld samples)\n", model.path.c_str(), options.split.c_str(),
+              size_name(scored[0].size).c_str(), static_cast<long long>(result.count));
   std::printf("loss %.4f   top-1 %.2f%%   top-5 %.2f%%\n\n", result.loss, result.top1, result.top5);
   std::printf("%-24s %10s %10s\n", "class", "precision", "recall");
   for (const auto& row : report["per_class"]) {
@@ -125,6 +176,7 @@ void setup_evaluate(CLI::App& app, int& status) {
       ->capture_default_str();
   add_device_args(command, options->device, options->threads);
   command->add_option("--mask-heads", options->mask_heads, "switch off heads, e.g. 3:1,5:0 (LAYER:HEAD)");
+  add_img_size_option(command, options->img_size, /*allow_list=*/true);
   command->callback([options, &status] { status = run_evaluate(*options); });
 }
 

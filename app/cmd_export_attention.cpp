@@ -36,6 +36,7 @@ struct ExportAttentionOptions {
   int topk = 5;
   std::string device = "auto";
   int threads = 0;
+  std::string img_size;  // --img-size (default: the model's own)
   std::vector<std::string> inputs;
 };
 
@@ -44,6 +45,7 @@ int run_export_attention(const ExportAttentionOptions& o) {
   configure_threads(o.threads);
   const auto device = resolve_device(o.device);
   auto model = load_model_args(o.checkpoint, o.config);
+  if (!o.img_size.empty()) run_at_size(model, parse_img_sizes(o.img_size, false).front());
   const ModelConfig& config = model.model;
   if (config.num_classes <= 0) {
     throw std::invalid_argument(model.path + " has no classifier head (num_classes 0): export-attention needs one");
@@ -177,6 +179,7 @@ void setup_export_attention(CLI::App& app, int& status) {
   command->add_option("--topk", options->topk, "predictions listed per image")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  add_img_size_option(command, options->img_size);
   add_device_args(command, options->device, options->threads);
   command->add_option("inputs", options->inputs, "image files or directories")->required();
   command->callback([options, &status] { status = run_export_attention(*options); });

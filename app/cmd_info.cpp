@@ -16,6 +16,7 @@ struct InfoOptions {
   ConfigArgs config;
   bool json = false;
   bool presets = false;
+  std::string img_size;  // --img-size: tokens and MACs at this input size
 };
 
 int run_info(const InfoOptions& options) {
@@ -44,13 +45,21 @@ int run_info(const InfoOptions& options) {
     params = count_parameters(*net);
     source = options.config.config;
   }
-  const auto costs = layer_costs(model);
-  const double gmacs = static_cast<double>(forward_macs(model)) / 1e9;
+  // Costs at the model's own size or at --img-size (parameters stay those of the model as built).
+  std::array<int64_t, 2> size{model.img_h, model.img_w};
+  if (!options.img_size.empty()) {
+    size = parse_img_sizes(options.img_size, /*allow_list=*/false).front();
+    check_input_size(model, size[0], size[1], "--img-size " + img_size_text(size));
+  }
+  const int64_t tokens = (size[0] / model.patch_size) * (size[1] / model.patch_size) + model.num_prefix_tokens();
+  const auto costs = layer_costs(model, size[0], size[1]);
+  const double gmacs = static_cast<double>(forward_macs(model, size[0], size[1])) / 1e9;
   if (options.json) {
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& c : costs) layers.push_back({{"name", c.name}, {"output", c.output}, {"params", c.params}, {"macs", c.macs}});
     nlohmann::json out{{"source", source},           {"model", to_json(model)},  {"preprocess", to_json(preprocess)},
-                       {"parameters", params},       {"gmacs", gmacs},           {"layers", layers}};
+                       {"parameters", params},       {"gmacs", gmacs},           {"layers", layers},
+                       {"input_size", {size[0], size[1]}}, {"tokens", tokens}};
     if (!classes.empty()) out["class_names"] = classes;
     for (const auto& [part, from] : sources) out["sources"][part] = from;
     std::cout << out.dump(2) << "\n";
@@ -67,9 +76,8 @@ int run_info(const InfoOptions& options) {
     std::cout << "\n";
   }
   std::printf("parameters  %lld\nforward     %.3f GMACs per image (%lldx%lld input, %lld tokens)\n\n",
-              static_cast<long long>(params), gmacs, static_cast<long long>(model.img_h),
-              static_cast<long long>(model.img_w),
-              static_cast<long long>(model.grid_h() * model.grid_w() + model.num_prefix_tokens()));
+              static_cast<long long>(params), gmacs, static_cast<long long>(size[0]), static_cast<long long>(size[1]),
+              static_cast<long long>(tokens));
   std::printf("%-26s %-12s %12s %14s\n", "layer", "output", "params", "MMACs");
   for (const auto& c : costs) {
     std::printf("%-26s %-12s %12lld %14.3f\n", c.name.c_str(), c.output.c_str(), static_cast<long long>(c.params),
@@ -87,6 +95,8 @@ void setup_info(CLI::App& app, int& status) {
       ->check(CLI::ExistingPath);
   add_config_args(command, options->config);
   command->add_flag("--json", options->json, "print one JSON object");
+  command->add_option("--img-size", options->img_size,
+                      "show tokens, output shapes and GMACs at this input size: N or HxW (default: the model's own)");
   command->add_flag("--presets", options->presets,
                     "list the model presets (timm's architecture names that vit builds) and exit");
   command->callback([options, &status] { status = run_info(*options); });

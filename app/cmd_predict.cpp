@@ -25,6 +25,7 @@ struct PredictOptions {
   int batch_size = 16;
   std::string device = "auto";
   int threads = 0;
+  std::string img_size;  // --img-size (default: the model's own)
   std::vector<std::string> inputs;
 };
 
@@ -33,6 +34,7 @@ int run_predict(const PredictOptions& options) {
   configure_threads(options.threads);
   const auto device = resolve_device(options.device);
   auto model = load_model_args(options.checkpoint, options.config);
+  if (!options.img_size.empty()) run_at_size(model, parse_img_sizes(options.img_size, false).front());
   model.net->to(device);
   model.net->eval();
   const auto files = expand_image_inputs(options.inputs);
@@ -102,6 +104,7 @@ void setup_predict(CLI::App& app, int& status) {
   command->add_option("--batch-size", options->batch_size, "images per forward pass")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  add_img_size_option(command, options->img_size);
   add_device_args(command, options->device, options->threads);
   command->add_option("inputs", options->inputs, "image files or directories")->required();
   command->callback([options, &status] { status = run_predict(*options); });

@@ -41,7 +41,54 @@ LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& arg
   const auto config = load_config_args(args);
   const std::string path =
       resolve_checkpoint(checkpoint, config ? config->train.output_root : std::string("runs"));
-  return load_model(path, config);
+  auto model = load_model(path, config);
+  for (const auto& note : model.adapted) log::info(model.path + ": " + note);
+  return model;
+}
+
+std::vector<std::array<int64_t, 2>> parse_img_sizes(const std::string& text, bool allow_list) {
+  std::vector<std::array<int64_t, 2>> out;
+  std::stringstream list(text);
+  std::string item;
+  auto number = [&](const std::string& digits) {
+    if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) {
+      throw std::invalid_argument("--img-size: \"" + item + "\" is not N or HxW (e.g. 384 or 256x512)");
+    }
+    const int64_t value = std::stoll(digits);
+    if (value <= 0) throw std::invalid_argument("--img-size: \"" + item + "\" has a zero side");
+    return value;
+  };
+  while (std::getline(list, item, ',')) {
+    const auto x = item.find('x');
+    if (x == std::string::npos) {
+      const int64_t side = number(item);
+      out.push_back({side, side});
+    } else {
+      out.push_back({number(item.substr(0, x)), number(item.substr(x + 1))});
+    }
+  }
+  if (out.empty()) throw std::invalid_argument("--img-size: \"" + text + "\" names no size");
+  if (out.size() > 1 && !allow_list) {
+    throw std::invalid_argument("--img-size: \"" + text + "\" lists several sizes; this command takes one");
+  }
+  return out;
+}
+
+std::string img_size_text(const std::array<int64_t, 2>& size) {
+  return size[0] == size[1] ? std::to_string(size[0]) : std::to_string(size[0]) + "x" + std::to_string(size[1]);
+}
+
+void add_img_size_option(CLI::App* command, std::string& value, bool allow_list) {
+  command->add_option("--img-size", value,
+                      std::string("run the model at this input size: N or HxW, each side a multiple of the patch "
+                                  "(default: the model's own); the position embedding is resampled as timm's "
+                                  "dynamic_img_size") +
+                          (allow_list ? "; a comma-separated list scores each size, e.g. 28,35,42" : ""));
+}
+
+void run_at_size(LoadedModel& model, std::array<int64_t, 2> size) {
+  const std::string note = set_input_size(model, size[0], size[1], "--img-size " + img_size_text(size));
+  if (!note.empty()) log::info(model.path + ": " + note);
 }
 
 std::map<int64_t, std::vector<int64_t>> parse_head_mask(const std::string& text) {

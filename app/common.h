@@ -1,6 +1,8 @@
 // Wiring shared by the subcommands: config/--set options, model lookup, device and thread options.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -25,6 +27,16 @@ std::optional<Config> load_config_args(const ConfigArgs& args);
 std::string resolve_checkpoint(const std::string& checkpoint, const std::string& runs_root = "runs");
 // Loads the model named by --checkpoint (or the latest run's), with --config for plain timm files.
 LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args);
+
+// --img-size: "N" (square) or "HxW"; with allow_list, a comma-separated list of them ("28,35,42"). Throws naming the
+// bad item. Each is (height, width).
+std::vector<std::array<int64_t, 2>> parse_img_sizes(const std::string& text, bool allow_list);
+// A size as --img-size spells it: "N" when square, else "HxW".
+std::string img_size_text(const std::array<int64_t, 2>& size);
+// Adds --img-size to a command that runs a loaded model (predict, evaluate, export-attention).
+void add_img_size_option(CLI::App* command, std::string& value, bool allow_list = false);
+// Runs `model` at `size` (set_input_size), logging what changed.
+void run_at_size(LoadedModel& model, std::array<int64_t, 2> size);
 
 // --mask-heads "1:0,1:2,3:1" -> {layer: [heads]}; throws naming the bad item.
 std::map<int64_t, std::vector<int64_t>> parse_head_mask(const std::string& text);

@@ -2,6 +2,8 @@
 #include "io/model_file.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 
@@ -155,12 +157,93 @@ struct SnapshotWeights {
 
 }  // namespace
 
+namespace {
+
+std::string size_text(int64_t h, int64_t w) { return std::to_string(h) + "x" + std::to_string(w); }
+
+// The model a self-describing file runs as: its own, or the same at --config's img_size when the config describes
+// this model (every other field equal; dropout rates, which only training reads, aside).
+ModelConfig run_model(const ModelConfig& trained, const std::optional<Config>& fallback) {
+  if (!fallback) return trained;
+  const ModelConfig& wanted = fallback->model;
+  if (wanted.img_h == trained.img_h && wanted.img_w == trained.img_w) return trained;
+  ModelConfig probe = wanted;
+  probe.preset = trained.preset;
+  probe.img_h = trained.img_h, probe.img_w = trained.img_w;
+  probe.drop_rate = trained.drop_rate, probe.attn_drop_rate = trained.attn_drop_rate;
+  probe.proj_drop_rate = trained.proj_drop_rate, probe.drop_path_rate = trained.drop_path_rate;
+  if (to_json(probe) != to_json(trained)) return trained;  // a config for the data, not for this model
+  ModelConfig out = trained;
+  out.img_h = wanted.img_h, out.img_w = wanted.img_w;
+  return out;
+}
+
+// The file's position embedding `pos` for `target`'s grid, resampled from `old_grid` (nullopt: the square its rows
+// make, as timm's checkpoint filter assumes) when the grid differs, with a line in `adapted`. Shapes that no grid
+// explains are left for the caller's shape check to report.
+torch::Tensor pos_embed_at(const torch::Tensor& pos, const ModelConfig& target,
+                           std::optional<std::array<int64_t, 2>> old_grid, const std::string& path,
+                           std::vector<std::string>& adapted) {
+  const int64_t prefix = target.pos_embed_prefix();  // rows of the prefix tokens (none with no_embed_class)
+  const int64_t rows = prefix + target.grid_h() * target.grid_w();
+  if (pos.dim() != 3 || pos.size(0) != 1 || pos.size(2) != target.embed_dim || pos.size(1) == rows) return pos;
+  const int64_t old_patches = pos.size(1) - prefix;
+  if (!old_grid) {
+    const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(std::max<int64_t>(old_patches, 0)))));
+    old_grid = std::array<int64_t, 2>{side, side};
+  }
+  const auto [old_h, old_w] = *old_grid;
+  if (old_patches <= 0 || old_h * old_w != old_patches) {
+    throw std::runtime_error(path + ": pos_embed with " + std::to_string(old_patches) +
+                             " patch rows is not a square grid; cannot infer its size to resample it to " +
+                             size_text(target.grid_h(), target.grid_w()));
+  }
+  if (target.rel_pos_bias) {
+    throw std::runtime_error(path + ": trained for a " + size_text(old_h, old_w) +
+                             " grid; a model with rel_pos_bias cannot be resized at load (its bias table belongs to "
+                             "that grid): keep its img_size and run it at another one with --img-size");
+  }
+  adapted.push_back("pos_embed resampled from a " + size_text(old_h, old_w) + " to a " +
+                    size_text(target.grid_h(), target.grid_w()) + " grid (" +
+                    size_text(target.img_h, target.img_w) + " input), as timm's checkpoint filter does");
+  return resample_pos_embed(pos, old_h, old_w, target.grid_h(), target.grid_w(), prefix);
+}
+
+// Builds `out.net` from `out.model` and reads every tensor through `read` (name, destination); pos_embed is read at
+// the file's shape `shapes` gives and resampled to the model's grid when they differ (pos_embed_at).
+template <typename Read>
+void build_and_read(LoadedModel& out, std::map<std::string, std::vector<int64_t>> shapes, const Read& read,
+                    std::optional<std::array<int64_t, 2>> old_grid, const std::string& path) {
+  out.net = VisionTransformer(out.model, Init::none);
+  auto targets = model_targets(out.net);
+  torch::Tensor pos;
+  auto file_pos = shapes.find("pos_embed");
+  if (file_pos != shapes.end() && targets.count("pos_embed") &&
+      targets.at("pos_embed").sizes() != c10::IntArrayRef(file_pos->second)) {
+    auto raw = torch::empty(file_pos->second, torch::kFloat32);
+    read("pos_embed", raw);
+    pos = pos_embed_at(raw, out.model, old_grid, path, out.adapted);
+    file_pos->second = pos.sizes().vec();
+  }
+  check_names_and_shapes(targets, shapes, path);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, target] : targets) {
+    if (name == "pos_embed" && pos.defined()) target.copy_(pos);
+    else read(name, target);
+  }
+  out.net->eval();
+}
+
+std::array<int64_t, 2> grid_of(const ModelConfig& m) { return {m.grid_h(), m.grid_w()}; }
+
+}  // namespace
+
 LoadedModel load_model(const std::string& path, const std::optional<Config>& fallback) {
   if (is_snapshot_dir(path)) {
     const Snapshot snapshot = read_snapshot(path);
     LoadedModel out;
     out.path = path;
-    out.model = snapshot.model;
+    out.model = run_model(snapshot.model, fallback);
     out.preprocess = snapshot.preprocess;
     out.class_names = snapshot.class_names;
     out.sources = snapshot.sources;
@@ -169,13 +252,13 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
       out.class_names = numbered_classes(out.model.num_classes);
       out.sources.emplace_back("class_names", "numbered (the snapshot names none)");
     }
-    out.net = VisionTransformer(out.model, Init::none);
     const SnapshotWeights weights(snapshot);
-    auto targets = model_targets(out.net);
-    check_names_and_shapes(targets, weights.shapes(), snapshot.weights);
-    torch::NoGradGuard no_grad;
-    for (auto& [name, target] : targets) weights.read_into(name, target);
-    out.net->eval();
+    build_and_read(
+        out, weights.shapes(), [&](const std::string& name, torch::Tensor target) { weights.read_into(name, target); },
+        grid_of(snapshot.model), snapshot.weights);
+    if (out.model.img_h != snapshot.model.img_h || out.model.img_w != snapshot.model.img_w) {
+      out.sources.emplace_back("img_size", "--config (" + size_text(out.model.img_h, out.model.img_w) + ")");
+    }
     return out;
   }
   refuse_pickle(path);
@@ -184,6 +267,7 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
   const auto& metadata = file.metadata();
   LoadedModel out;
   out.path = path;
+  std::optional<std::array<int64_t, 2>> old_grid;  // the grid the file's pos_embed was made for, when it says
   auto format = metadata.find("format");
   if (format != metadata.end() && format->second == kModelFormat) {
     const auto& version = metadata_value(metadata, "format_version", path);
@@ -192,12 +276,17 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
                                std::to_string(kModelFormatVersion) + " (re-export it with a matching vit)");
     }
     out.has_metadata = true;
-    out.model = parse_model_config(metadata_json(metadata, "model", path), path + " (metadata)");
+    const ModelConfig trained = parse_model_config(metadata_json(metadata, "model", path), path + " (metadata)");
+    old_grid = grid_of(trained);
+    out.model = run_model(trained, fallback);
     out.preprocess = parse_preprocess(metadata_json(metadata, "preprocess", path), path + " (metadata)");
     const json names = metadata_json(metadata, "class_names", path);
     if (!names.is_array()) throw std::runtime_error(path + ": metadata class_names is not an array");
     for (const auto& n : names) out.class_names.push_back(n.is_string() ? n.get<std::string>() : n.dump());
     for (const char* part : {"model", "preprocess", "class_names"}) out.sources.emplace_back(part, "the file's metadata");
+    if (out.model.img_h != trained.img_h || out.model.img_w != trained.img_w) {
+      out.sources.emplace_back("img_size", "--config (" + size_text(out.model.img_h, out.model.img_w) + ")");
+    }
   } else if (fallback) {
     out.model = fallback->model;
     out.preprocess = fallback->data.preprocess;
@@ -212,15 +301,39 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
     if (!out.has_metadata) out.sources.emplace_back("class_names", "numbered");
   }
   out.sources.emplace_back("weights", path);
-  out.net = VisionTransformer(out.model, Init::none);
-  auto targets = model_targets(out.net);
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& info : file.tensors()) shapes[info.name] = info.shape;
-  check_names_and_shapes(targets, shapes, path);
-  torch::NoGradGuard no_grad;
-  for (auto& [name, target] : targets) file.read_into(*file.find(name), target);
-  out.net->eval();
+  build_and_read(
+      out, shapes, [&](const std::string& name, torch::Tensor target) { file.read_into(*file.find(name), target); },
+      old_grid, path);
   return out;
+}
+
+void check_input_size(const ModelConfig& model, int64_t height, int64_t width, const std::string& what) {
+  const int64_t P = model.patch_size;
+  std::string problems;
+  const std::vector<std::pair<std::string, int64_t>> sides =
+      height == width ? std::vector<std::pair<std::string, int64_t>>{{"", height}}
+                      : std::vector<std::pair<std::string, int64_t>>{{"height ", height}, {"width ", width}};
+  for (const auto& [side, value] : sides) {
+    if (value > 0 && value % P == 0) continue;
+    const int64_t below = value / P * P, above = below + P;
+    problems += (problems.empty() ? "" : "; ") + side + std::to_string(value) + " is not a multiple of the patch size " +
+                std::to_string(P) + " (nearest valid: " + (below > 0 ? std::to_string(below) + " or " : "") +
+                std::to_string(above) + ")";
+  }
+  if (!problems.empty()) throw std::invalid_argument(what + ": " + problems);
+}
+
+std::string set_input_size(LoadedModel& model, int64_t height, int64_t width, const std::string& what) {
+  check_input_size(model.model, height, width, what);
+  if (model.model.img_h == height && model.model.img_w == width) return "";
+  model.model.img_h = height, model.model.img_w = width;
+  const ModelConfig& own = model.net->config();
+  if (own.img_h == height && own.img_w == width) return "running at " + size_text(height, width) + ", its own size";
+  return "running at " + size_text(height, width) + " (a " + size_text(model.model.grid_h(), model.model.grid_w()) +
+         " grid; the position embedding of the " + size_text(own.grid_h(), own.grid_w()) +
+         " grid resampled at every forward pass, as timm's dynamic_img_size)";
 }
 
 std::vector<std::string> load_for_finetune(const std::string& path, VisionTransformer& net) {
@@ -255,19 +368,10 @@ std::vector<std::string> load_for_finetune(const std::string& path, VisionTransf
   }
   // A different grid: resample the position embedding (its prefix tokens kept).
   auto pos = tensors.find("pos_embed");
-  if (pos != tensors.end() && pos->second.sizes() != net->pos_embed.sizes()) {
-    const int64_t prefix = config.pos_embed_prefix();  // rows of the prefix tokens (none with no_embed_class)
-    const int64_t old_patches = pos->second.size(1) - prefix;
-    int64_t old_h = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(old_patches))));
-    int64_t old_w = old_h;
-    if (trained) old_h = trained->grid_h(), old_w = trained->grid_w();
-    if (old_h * old_w != old_patches) {
-      throw std::runtime_error(path + ": pos_embed with " + std::to_string(old_patches) +
-                               " patches is not a square grid; cannot infer its size");
-    }
-    pos->second = resample_pos_embed(pos->second, old_h, old_w, config.grid_h(), config.grid_w(), prefix);
-    adapted.push_back("pos_embed resampled from " + std::to_string(old_h) + "x" + std::to_string(old_w) +
-                      " to " + std::to_string(config.grid_h()) + "x" + std::to_string(config.grid_w()));
+  if (pos != tensors.end()) {
+    std::optional<std::array<int64_t, 2>> old_grid;
+    if (trained) old_grid = grid_of(*trained);
+    pos->second = pos_embed_at(pos->second, config, old_grid, path, adapted);
   }
   load_state(net, tensors, path);
   return adapted;

@@ -17,6 +17,8 @@ inline constexpr int kModelFormatVersion = 1;
 
 struct LoadedModel {
   VisionTransformer net{nullptr};
+  // The model as it runs: net->config(), or the same at another input size (set_input_size): preprocessing, maps and
+  // costs read this one; the network resamples its position embedding for that grid at every forward pass.
   ModelConfig model;
   Preprocess preprocess;
   std::vector<std::string> class_names;  // size num_classes
@@ -24,6 +26,7 @@ struct LoadedModel {
   bool has_metadata = false;  // false for a plain timm file (config came from --config)
   // Where the model, the preprocessing and the class names came from, for `vit info`: ("model", "..."), ...
   std::vector<std::pair<std::string, std::string>> sources;
+  std::vector<std::string> adapted;  // what loading changed (a position embedding resampled), one line each, for the log
 };
 
 // Writes the model's state dict (float32, timm names) and our metadata atomically.
@@ -31,10 +34,24 @@ void save_model(const std::string& path, VisionTransformer& net, const Preproces
                 const std::vector<std::string>& class_names, const std::map<std::string, std::string>& extra = {});
 
 // Rebuilds a model from a file or a snapshot folder alone: our own file, or a timm or Hugging Face snapshot folder
-// (io/snapshot.h: config and preprocessing from its JSON files, `fallback` unused). A plain timm file needs
-// `fallback` (from --config) for the architecture and preprocessing. Half-precision tensors load into float32. A
-// pickle checkpoint is refused, never unpickled. Missing/unexpected tensors and wrong shapes are listed by name.
+// (io/snapshot.h: config and preprocessing from its JSON files). A plain timm file needs `fallback` (from --config)
+// for the architecture and preprocessing. A self-describing file or folder keeps its own architecture; `fallback`'s
+// model section applies to it only when it describes the same model at another img_size. Either way, a position
+// embedding made for another grid is resampled at load as timm's checkpoint filter does (bicubic, antialiased, prefix
+// rows kept; a plain file's grid is taken as square, as timm takes it), noted in `adapted`. Half-precision tensors
+// load into float32. A pickle checkpoint is refused, never unpickled. Missing/unexpected tensors and wrong shapes are
+// listed by name.
 LoadedModel load_model(const std::string& path, const std::optional<Config>& fallback = std::nullopt);
+
+// Throws std::invalid_argument when `height` x `width` is not a grid of whole patches of `model`, naming the nearest
+// valid sizes; `what` starts the message (e.g. "--img-size 30").
+void check_input_size(const ModelConfig& model, int64_t height, int64_t width, const std::string& what);
+
+// Runs `model` at another input size from now on, as timm's dynamic_img_size: model.model takes the size, the
+// network keeps its weights and resamples its position embedding for the new grid at every forward pass (the
+// network's own size is unchanged bit for bit). Checks the size (check_input_size). Returns a line for the log, ""
+// when the model already runs at that size.
+std::string set_input_size(LoadedModel& model, int64_t height, int64_t width, const std::string& what);
 
 // Copies the tensors of `path` (a model file or a snapshot folder) into `net` for fine-tuning: the head is left as initialised when its class count
 // differs, the position embedding is resampled when the grid differs. Returns what was adapted (for the log).

@@ -3,8 +3,10 @@
 
 namespace vit {
 
-std::vector<LayerCost> layer_costs(const ModelConfig& m) {
-  const int64_t patches = m.grid_h() * m.grid_w();
+std::vector<LayerCost> layer_costs(const ModelConfig& m, int64_t input_h, int64_t input_w) {
+  const int64_t trained_patches = m.grid_h() * m.grid_w();  // the position embedding's rows (its parameters)
+  const int64_t patches = input_h > 0 && input_w > 0 ? (input_h / m.patch_size) * (input_w / m.patch_size)
+                                                     : trained_patches;
   const int64_t N = patches + m.num_prefix_tokens();
   const int64_t D = m.embed_dim;
   const int64_t hidden = static_cast<int64_t>(static_cast<double>(D) * m.mlp_ratio);
@@ -12,7 +14,7 @@ std::vector<LayerCost> layer_costs(const ModelConfig& m) {
   auto shape = [](int64_t a, int64_t b) { return std::to_string(a) + "x" + std::to_string(b); };
   std::vector<LayerCost> costs;
   costs.push_back({"patch_embed.proj", shape(patches, D), D * m.in_chans * P * P + (m.pre_norm ? 0 : D), patches * D * m.in_chans * P * P});
-  costs.push_back({"pos_embed", shape(N, D), (patches + m.pos_embed_prefix()) * D + m.num_prefix_tokens() * D, 0});
+  costs.push_back({"pos_embed", shape(N, D), (trained_patches + m.pos_embed_prefix()) * D + m.num_prefix_tokens() * D, 0});
   if (m.pre_norm) costs.push_back({"norm_pre", shape(N, D), 2 * D, 0});
   for (int64_t b = 0; b < m.depth; ++b) {
     const std::string prefix = "blocks." + std::to_string(b) + ".";
@@ -46,9 +48,9 @@ std::vector<LayerCost> layer_costs(const ModelConfig& m) {
   return costs;
 }
 
-int64_t forward_macs(const ModelConfig& model) {
+int64_t forward_macs(const ModelConfig& model, int64_t input_h, int64_t input_w) {
   int64_t total = 0;
-  for (const auto& c : layer_costs(model)) total += c.macs;
+  for (const auto& c : layer_costs(model, input_h, input_w)) total += c.macs;
   return total;
 }
 

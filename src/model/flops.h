@@ -17,9 +17,10 @@ struct LayerCost {
   int64_t macs = 0;    // per image
 };
 
-// Per-layer costs for one image at the model's own size (grid_h x grid_w).
-std::vector<LayerCost> layer_costs(const ModelConfig& model);
+// Per-layer costs for one image at the model's own size (grid_h x grid_w), or at input_h x input_w (another grid,
+// as timm's dynamic_img_size runs it: outputs and MACs at that size, parameters those of the model as built).
+std::vector<LayerCost> layer_costs(const ModelConfig& model, int64_t input_h = 0, int64_t input_w = 0);
 // Sum of layer_costs' MACs; a training step costs about 3x the forward FLOPs (forward + 2x backward).
-int64_t forward_macs(const ModelConfig& model);
+int64_t forward_macs(const ModelConfig& model, int64_t input_h = 0, int64_t input_w = 0);
 
 }  // namespace vit
