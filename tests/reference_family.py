@@ -9,6 +9,13 @@
       Sizes other than the trained one need "dynamic_img_size": true in ARGS (timm's rule). With --resample HxW,
       "resampled_pos_embed" is the position embedding timm's checkpoint filter makes when the folder is loaded into
       a model of that img_size (create_model("local-dir:OUT", pretrained=True, img_size=(H, W))).
+  dynamic OUT --arch NAME --args JSON --sizes HxW[,HxW...]
+      timm.create_model(NAME, pretrained=False, **ARGS), every weight perturbed, saved with save_for_hf to OUT/snapshot
+      (mean and std 0.5, crop_pct 1.0, the first size as input size), then loaded back with dynamic_img_size=True.
+      For each size i: OUT/image.i.png, random RGB of exactly HxW (vit's preprocessing makes no resize), and in
+      OUT/ref.safetensors "logits.i" (the dynamic_img_size model on ToTensor + Normalize of the PNG), "attn.i.b"
+      (block b's probabilities, (1, nh, N, N)) and "fixed.i" (the logits of the folder created at img_size (H, W)
+      without dynamic_img_size: timm's checkpoint filter resamples pos_embed at load).
   shapes NAMES_FILE --out FILE
       For each architecture name (one per line), timm's model at depth 1 on the meta device: its state-dict shapes,
       LayerNorm epsilon, MLP activation, input size and prefix-token count, as JSON.
@@ -83,6 +90,39 @@ def snapshot(a):
     save_file(out, a.ref)
 
 
+def dynamic(a):
+    import os
+
+    import timm
+    from PIL import Image
+    from timm.models._hub import save_for_hf
+
+    model_args = json.loads(a.args)
+    sizes = [tuple(int(v) for v in size.split("x")) for size in a.sizes.split(",")]
+    overlay = dict(input_size=(3, *sizes[0]), mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0)
+    model = timm.create_model(a.arch, pretrained=False, pretrained_cfg_overlay=overlay, img_size=sizes[0],
+                              **model_args).eval()
+    randomise(model, 11)
+    snap = os.path.join(a.out, "snapshot")
+    save_for_hf(model, snap, model_args=dict(model_args, img_size=list(sizes[0])), safe_serialization=True)
+    model = timm.create_model("local-dir:" + snap, pretrained=True, dynamic_img_size=True).eval()
+    out = {}
+    gen = torch.Generator().manual_seed(9)
+    for i, (h, w) in enumerate(sizes):
+        pixels = torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=gen)
+        Image.fromarray(pixels.numpy()).save(os.path.join(a.out, f"image.{i}.png"))
+        x = ((pixels.permute(2, 0, 1).float().div(255.0) - 0.5) / 0.5).unsqueeze(0)  # ToTensor, Normalize
+        with torch.no_grad():
+            out[f"logits.{i}"] = model(x).contiguous()
+        blocks, _ = attention_probs(model, x)
+        for b, probs in enumerate(blocks):
+            out[f"attn.{i}.{b}"] = probs.contiguous()
+        fixed = timm.create_model("local-dir:" + snap, pretrained=True, img_size=(h, w)).eval()
+        with torch.no_grad():
+            out[f"fixed.{i}"] = fixed(x).contiguous()
+    save_file(out, os.path.join(a.out, "ref.safetensors"))
+
+
 def shapes(a):
     import timm
 
@@ -120,6 +160,12 @@ def main():
     p.add_argument("--resample")
     p.add_argument("--ref", required=True)
     p.set_defaults(run=snapshot)
+    p = sub.add_parser("dynamic")
+    p.add_argument("out")
+    p.add_argument("--arch", required=True)
+    p.add_argument("--args", default="{}")
+    p.add_argument("--sizes", required=True)
+    p.set_defaults(run=dynamic)
     p = sub.add_parser("shapes")
     p.add_argument("names")
     p.add_argument("--out", required=True)

@@ -494,7 +494,7 @@ TEST(FamilyCli, TrainEvaluateExplainExportAndFinetune) {
   const auto tuned = test::run_vit("train --config " + test::quoted(dir / "finetune.json") + " --out " +
                                    test::quoted(dir / "tuned") + " --init-from " + test::quoted(timm_dir));
   ASSERT_EQ(tuned.status, 0) << tuned.errors;
-  EXPECT_NE((tuned.output + tuned.errors).find("pos_embed resampled from 4x4 to 6x6"), std::string::npos)
+  EXPECT_NE((tuned.output + tuned.errors).find("pos_embed resampled from a 4x4 to a 6x6 grid"), std::string::npos)
       << tuned.output << tuned.errors;
 }
 
