@@ -13,6 +13,7 @@
 #include "train/evaluate.h"
 #include "util/fs.h"
 #include "util/log.h"
+#include "util/progress.h"
 #include "util/runtime.h"
 #include "vit/build_config.h"
 #if VIT_WITH_OPENCV
@@ -88,11 +89,22 @@ int run_evaluate(const EvaluateOptions& options) {
     nlohmann::json report;
   };
   std::vector<Scored> scored;
+  const bool several_sizes = sizes.size() > 1;
   for (const auto& size : sizes) {
     run_at_size(model, size);
     config->model = model.model;  // the eval transform produces this size
-    Loader loader(dataset, make_eval_transform(config->data, config->model), loader_options);
+    // Counted as the loader's workers finish each batch (train/evaluate.h takes no callback): at most `prefetch`
+    // batches ahead of the model; skipped bad images are never counted.
+    ProgressOptions shown;
+    shown.show = dataset->size() > options.batch_size;  // one batch is over before a bar would help
+    const std::string label = several_sizes ? std::string("evaluate ") + size_name(size) : std::string("evaluate");
+    Progress progress(dataset->size(), label, "img", shown);
+    const BatchTransform count_batch = [&progress](Batch& batch, std::mt19937_64&) {
+      progress.advance(batch.images.size(0));
+    };
+    Loader loader(dataset, make_eval_transform(config->data, config->model), loader_options, count_batch);
     auto result = evaluate(model.net, loader, model.model.num_classes, device);
+    progress.finish();
     nlohmann::json report =
         evaluation_report(result, model.class_names, [&](int64_t index) { return dataset->source(index); });
     report["checkpoint"] = model.path;

@@ -9,6 +9,7 @@
 #include "common.h"
 #include "util/fs.h"
 #include "util/log.h"
+#include "util/progress.h"
 #include "util/runtime.h"
 #include "vit/build_config.h"
 #if VIT_WITH_OPENCV
@@ -75,19 +76,26 @@ int run_export_attention(const ExportAttentionOptions& o) {
 
   const auto files = expand_image_inputs(o.inputs);
   if (files.empty()) throw std::invalid_argument("no image files found in the given inputs");
+  ProgressOptions shown;
+  shown.show = files.size() > 1;  // each image takes a while: worth a bar from the second one on
+  Progress progress(static_cast<int64_t>(files.size()), "export-attention", "img", shown);
   const ExportRun exported = export_images(
       model, files, o.out, options,
       [&](const std::string& path, const ExportResult* result, const std::string& error, double seconds) {
+        progress.clear();  // the line below takes the bar's place (stdout may share its terminal)
         if (result == nullptr) {
           log::error(error);
           std::printf("%s: error: %s\n", path.c_str(), error.c_str());
-          return;
+        } else {
+          const auto& prediction = result->summary.at("prediction").at("topk").at(0);
+          std::printf("%s: %s (%.4f) -> %s/%s/ [%.2f s]\n", path.c_str(),
+                      prediction.at("label").get<std::string>().c_str(), prediction.at("prob").get<double>(),
+                      o.out.c_str(), result->dir_name.c_str(), seconds);
         }
-        const auto& prediction = result->summary.at("prediction").at("topk").at(0);
-        std::printf("%s: %s (%.4f) -> %s/%s/ [%.2f s]\n", path.c_str(),
-                    prediction.at("label").get<std::string>().c_str(), prediction.at("prob").get<double>(),
-                    o.out.c_str(), result->dir_name.c_str(), seconds);
+        std::fflush(stdout);
+        progress.advance();
       });
+  progress.finish();
   const auto& [results, errors] = exported;
 
   std::string model_text = std::to_string(config.img_h) + "x" + std::to_string(config.img_w) + ", patch " +

@@ -1,4 +1,5 @@
 // `vit predict`: classify image files and folders with a trained model (src/infer/predict.h), as text or JSON.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -8,6 +9,7 @@
 #include "common.h"
 #include "util/fs.h"
 #include "util/log.h"
+#include "util/progress.h"
 #include "util/runtime.h"
 #include "vit/build_config.h"
 #if VIT_WITH_OPENCV
@@ -68,16 +70,25 @@ int run_predict(const PredictOptions& options) {
       std::printf("%s\n", line.c_str());
     }
   };
-  // Printed batch by batch as they come: a batch's errors first, then its classified images.
+  ProgressOptions shown;
+  shown.show = files.size() > static_cast<size_t>(options.batch_size);  // one batch is over before a bar would help
+  Progress progress(static_cast<int64_t>(files.size()), "predict", "img", shown);
+  // Printed batch by batch as they come: a batch's errors first, then its classified images. The bar makes way for
+  // them: stdout may share its terminal.
   const vit::PredictOptions batching{options.topk, options.batch_size};
   predict_images(model, files, batching, [&](const std::vector<Prediction>& batch) {
+    const bool any_error = std::any_of(batch.begin(), batch.end(), [](const Prediction& p) { return !p.ok(); });
+    if (!options.json || any_error) progress.clear();
     for (const auto& image : batch) {
       if (!image.ok()) print_error(image);
     }
     for (const auto& image : batch) {
       if (image.ok()) print_prediction(image);
     }
+    std::fflush(stdout);  // the lines before the bar that follows them on stderr
+    progress.advance(static_cast<int64_t>(batch.size()));
   });
+  progress.finish();
   if (options.json) std::cout << results.dump(2) << "\n";
   if (failures > 0) {
     log::error(std::to_string(failures) + " of " + std::to_string(files.size()) + " images could not be classified");

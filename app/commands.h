@@ -17,6 +17,7 @@ enum ExitCode : int {
 // Each setup registers a subcommand whose callback stores its exit status in `status`.
 void setup_info(CLI::App& app, int& status);
 void setup_predict(CLI::App& app, int& status);
+void setup_embed(CLI::App& app, int& status);
 void setup_train(CLI::App& app, int& status);
 void setup_evaluate(CLI::App& app, int& status);
 void setup_export_attention(CLI::App& app, int& status);

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   setup_train(app, status);
   setup_evaluate(app, status);
   setup_predict(app, status);
+  setup_embed(app, status);
   setup_export_attention(app, status);
   setup_export(app, status);
   setup_info(app, status);

@@ -107,6 +107,23 @@ class Section {
       }
     }
   }
+  // Strings; integers are taken as their decimal spelling (data.classes accepts indices).
+  void read(const std::string& key, std::vector<std::string>& out) {
+    if (const json* v = take(key)) {
+      const std::string what = show(*v) + " is not an array of strings";
+      if (!v->is_array()) fail(source_, path(key), what);
+      out.clear();
+      for (const auto& item : *v) {
+        if (item.is_string()) {
+          out.push_back(item.get<std::string>());
+        } else if (item.is_number_integer()) {
+          out.push_back(std::to_string(item.get<int64_t>()));
+        } else {
+          fail(source_, path(key), what);
+        }
+      }
+    }
+  }
   void read(const std::string& key, std::array<double, 2>& out) {
     if (const json* v = take(key)) {
       if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number()) {
@@ -297,7 +314,7 @@ void visit_data(D& d, Visitor& v) {
   visit_preprocess(d.preprocess, v);  // mean/std/interpolation/crop_pct/crop_mode sit directly under "data"
   VIT_VISIT_FIELDS(v, d,
                    format, root, train_dir, val_dir, test_dir, train_csv, val_csv, test_csv, val_fraction,
-                   train_subset, val_subset, num_workers, prefetch_batches, on_bad_image);
+                   train_subset, val_subset, classes, train_per_class, num_workers, prefetch_batches, on_bad_image);
   v.section("augment", d.augment, [](auto& a, auto& sub) { visit_augment(a, sub); });
 }
 
@@ -305,9 +322,9 @@ template <typename T, typename Visitor>
 void visit_train(T& t, Visitor& v) {
   VIT_VISIT_FIELDS(v, t,
                    epochs, batch_size, accum_steps, lr, min_lr, warmup_lr, warmup_steps, warmup_epochs, weight_decay,
-                   beta1, beta2, eps, clip_grad, label_smoothing, ema_decay, device, amp, threads, seed, log_interval,
-                   checkpoint_interval, eval_interval, max_steps, target_top1, dist_backend, dist_timeout_s,
-                   output_root);
+                   beta1, beta2, eps, clip_grad, label_smoothing, ema_decay, layer_decay, freeze, device, amp, threads,
+                   seed, log_interval, checkpoint_interval, eval_interval, max_steps, target_top1, dist_backend,
+                   dist_timeout_s, output_root);
 }
 
 // Parsing: every key through Section's checked readers.
@@ -433,6 +450,12 @@ void validate_data(const DataConfig& d, const std::string& source) {
   check_range(d.val_fraction, 0, 1, true, source, "data.val_fraction");
   check(d.train_subset >= 0, source, "data.train_subset", std::to_string(d.train_subset) + " must be >= 0");
   check(d.val_subset >= 0, source, "data.val_subset", std::to_string(d.val_subset) + " must be >= 0");
+  check(d.train_per_class >= 0, source, "data.train_per_class", std::to_string(d.train_per_class) + " must be >= 0");
+  for (size_t i = 0; i < d.classes.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      check(d.classes[i] != d.classes[j], source, "data.classes", "\"" + d.classes[i] + "\" is listed twice");
+    }
+  }
   check(d.num_workers >= 0, source, "data.num_workers", std::to_string(d.num_workers) + " must be >= 0");
   check(d.prefetch_batches >= 1, source, "data.prefetch_batches",
         std::to_string(d.prefetch_batches) + " must be >= 1");
@@ -465,6 +488,9 @@ void validate_train(const TrainConfig& t, const std::string& source) {
   check(t.clip_grad >= 0, source, "train.clip_grad", num(t.clip_grad) + " must be >= 0 (0 = off)");
   check_range(t.label_smoothing, 0, 1, true, source, "train.label_smoothing");
   check_range(t.ema_decay, 0, 1, true, source, "train.ema_decay");
+  check(t.layer_decay > 0 && t.layer_decay <= 1, source, "train.layer_decay",
+        num(t.layer_decay) + " is out of range (0, 1]");
+  for (const auto& prefix : t.freeze) check(!prefix.empty(), source, "train.freeze", "\"\" is not a parameter prefix");
   check(t.device == "auto" || t.device == "cpu" || t.device.rfind("cuda", 0) == 0, source, "train.device",
         "\"" + t.device + "\" is not one of: auto, cpu, cuda, cuda:N");
   check(t.target_top1 >= 0 && t.target_top1 <= 100, source, "train.target_top1",

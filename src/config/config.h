@@ -72,6 +72,10 @@ struct DataConfig {
   double val_fraction = 0.0;    // > 0: split the training set deterministically by seed
   int64_t train_subset = 0;     // > 0: use only the first N training samples (after shuffling by seed)
   int64_t val_subset = 0;       // > 0: evaluate on only the first N validation samples
+  // Only these classes, in this order, relabelled 0..n-1 in every split: class names, or indices into the dataset's
+  // class list (an entry that names a class is that class; else a number is an index). Empty = all classes.
+  std::vector<std::string> classes;  // e.g. ["Sandal", "Shirt"] or [5, 6, 7, 8, 9]
+  int64_t train_per_class = 0;  // > 0: keep at most N training samples per class (chosen by seed, after val_fraction)
   int64_t num_workers = 2;      // background decode/augment threads
   int64_t prefetch_batches = 4; // bounded queue length
   BadImagePolicy on_bad_image = BadImagePolicy::fail;  // fail | skip
@@ -94,6 +98,14 @@ struct TrainConfig {
   double clip_grad = 1.0;       // max global gradient norm (0 = no clipping)
   double label_smoothing = 0.1; // cross-entropy smoothing
   double ema_decay = 0.0;       // EMA of weights (0 = off), e.g. 0.9998
+  // Layer-wise lr decay (BEiT, timm's --layer-decay), e.g. 0.65-0.75 for fine-tuning; 1 = off. Each parameter's
+  // lr is scaled by layer_decay^(depth + 1 - layer): patch_embed, cls_token, reg_token, pos_embed and norm_pre are
+  // layer 0, block i is layer i + 1, the final norm, fc_norm, attn_pool and head are layer depth + 1 (scale 1).
+  double layer_decay = 1.0;     // in (0, 1]
+  // Parameter-name prefixes kept fixed: no gradient, no optimiser state, no weight decay, not clipped, not in the
+  // EMA. A prefix matches whole name components ("blocks.1" is blocks.1.*, not blocks.10.*); "backbone" is every
+  // parameter but head.* (a linear probe). A prefix that matches no parameter is an error.
+  std::vector<std::string> freeze;  // e.g. ["backbone"] or ["patch_embed", "blocks.0"]
   std::string device = "auto";  // auto | cpu | cuda
   AmpMode amp = AmpMode::off;   // off | bf16 | fp16 (CUDA only)
   int64_t threads = 0;          // intra-op threads (0 = all cores)

@@ -36,6 +36,7 @@ uint64_t splitmix64(uint64_t& state) {
 constexpr uint64_t kValSplitSalt = 0x76616c5f73706c74ull;     // "val_splt"
 constexpr uint64_t kTrainSubsetSalt = 0x7472616e5f737562ull;  // "tran_sub"
 constexpr uint64_t kValSubsetSalt = 0x76616c5f5f737562ull;    // "val__sub"
+constexpr uint64_t kPerClassSalt = 0x7065725f636c7373ull;     // "per_clss"
 
 }  // namespace
 
@@ -177,6 +178,45 @@ class SubsetDataset final : public Dataset {
     return indices_[index];
   }
   std::shared_ptr<const Dataset> parent_;
+  std::vector<int64_t> indices_;
+};
+
+// The samples of some classes of `parent`, relabelled 0..n-1 in the order the classes were chosen (data.classes).
+class ClassSubsetDataset final : public Dataset {
+ public:
+  ClassSubsetDataset(std::shared_ptr<const Dataset> parent, const std::vector<int64_t>& chosen)
+      : parent_(std::move(parent)), new_label_(parent_->class_names().size(), -1) {
+    for (size_t k = 0; k < chosen.size(); ++k) {
+      new_label_[chosen[k]] = static_cast<int64_t>(k);
+      names_.push_back(parent_->class_names()[chosen[k]]);
+    }
+    for (int64_t i = 0; i < parent_->size(); ++i) {
+      const int64_t label = parent_->label(i);
+      if (label >= 0 && label < static_cast<int64_t>(new_label_.size()) && new_label_[label] >= 0) indices_.push_back(i);
+    }
+  }
+
+  int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
+  Sample get(int64_t index) const override {
+    Sample sample = parent_->get(map(index));
+    sample.label = new_label_[sample.label];
+    return sample;
+  }
+  std::string source(int64_t index) const override { return parent_->source(map(index)); }
+  int64_t label(int64_t index) const override { return new_label_[parent_->label(map(index))]; }
+  const std::vector<std::string>& class_names() const override { return names_; }
+
+ private:
+  int64_t map(int64_t index) const {
+    if (index < 0 || index >= size()) {
+      throw std::out_of_range("sample index " + std::to_string(index) + " out of range for " +
+                              std::to_string(size()) + " samples of data.classes");
+    }
+    return indices_[index];
+  }
+  std::shared_ptr<const Dataset> parent_;
+  std::vector<int64_t> new_label_;  // parent label -> chosen position, -1 = not chosen
+  std::vector<std::string> names_;
   std::vector<int64_t> indices_;
 };
 
@@ -656,6 +696,48 @@ std::shared_ptr<const Dataset> take_subset(const std::shared_ptr<const Dataset>&
   return subset(dataset, std::move(order));
 }
 
+// data.classes resolved against the dataset's class list: a class's name, else a decimal index.
+std::vector<int64_t> resolve_classes(const std::vector<std::string>& wanted, const std::vector<std::string>& names) {
+  std::vector<int64_t> chosen;
+  for (const auto& entry : wanted) {
+    int64_t index = std::find(names.begin(), names.end(), entry) - names.begin();
+    if (index == static_cast<int64_t>(names.size())) {
+      const bool digits = !entry.empty() && entry.find_first_not_of("0123456789") == std::string::npos;
+      index = digits && entry.size() < 10 ? std::stoll(entry) : -1;
+      if (index < 0 || index >= static_cast<int64_t>(names.size())) {
+        std::string list;
+        for (size_t i = 0; i < names.size() && i < 20; ++i) list.append(i ? ", " : "").append(names[i]);
+        if (names.size() > 20) list.append(", ...");
+        throw std::invalid_argument("data.classes: \"" + entry + "\" is neither a class of the dataset nor an " +
+                                    "index below " + std::to_string(names.size()) + " (classes: " + list + ")");
+      }
+    }
+    if (std::find(chosen.begin(), chosen.end(), index) != chosen.end()) {
+      throw std::invalid_argument("data.classes: \"" + entry + "\" chooses class " + names[index] + " twice");
+    }
+    chosen.push_back(index);
+  }
+  return chosen;
+}
+
+// At most `count` samples of each class: the first of a seed-shuffled order, back in dataset order.
+std::shared_ptr<const Dataset> take_per_class(const std::shared_ptr<const Dataset>& dataset, int64_t count,
+                                              uint64_t seed) {
+  if (count <= 0) return dataset;
+  std::vector<int64_t> taken(dataset->class_names().size(), 0);
+  std::vector<int64_t> kept;
+  for (const int64_t index : seeded_permutation(dataset->size(), seed)) {
+    const int64_t label = dataset->label(index);
+    if (label >= 0 && label < static_cast<int64_t>(taken.size()) && taken[label] < count) {
+      ++taken[label];
+      kept.push_back(index);
+    }
+  }
+  if (static_cast<int64_t>(kept.size()) == dataset->size()) return dataset;
+  std::sort(kept.begin(), kept.end());
+  return subset(dataset, std::move(kept));
+}
+
 }  // namespace
 
 std::shared_ptr<const Dataset> subset(std::shared_ptr<const Dataset> parent, std::vector<int64_t> indices) {
@@ -684,6 +766,17 @@ Splits open_datasets(const DataConfig& config, uint64_t seed, const ImageDecoder
     throw std::invalid_argument("data.val_fraction " + std::to_string(config.val_fraction) + " is outside [0, 1)");
   }
   Splits splits = open_base(config, decoder);
+  if (!config.classes.empty()) {
+    const std::vector<int64_t> chosen = resolve_classes(config.classes, splits.train->class_names());
+    // val and test often share one dataset object: select once, so they still do.
+    std::map<const Dataset*, std::shared_ptr<const Dataset>> selected;
+    for (auto* split : {&splits.train, &splits.val, &splits.test}) {
+      if (!*split) continue;
+      auto& done = selected[split->get()];
+      if (!done) done = std::make_shared<ClassSubsetDataset>(*split, chosen);
+      *split = done;
+    }
+  }
 
   if (config.val_fraction > 0) {
     const int64_t total = splits.train->size();
@@ -705,6 +798,7 @@ Splits open_datasets(const DataConfig& config, uint64_t seed, const ImageDecoder
     if (!splits.test) splits.test = splits.val ? splits.val : held;
     splits.val = held;
   }
+  splits.train = take_per_class(splits.train, config.train_per_class, mix_seed({seed, kPerClassSalt}));
   splits.train = take_subset(splits.train, config.train_subset, mix_seed({seed, kTrainSubsetSalt}));
   splits.val = take_subset(splits.val, config.val_subset, mix_seed({seed, kValSubsetSalt}));
   return splits;

@@ -58,8 +58,10 @@ struct Splits {
 // decoder may be empty (core-only build): folder/csv then throw "built without OpenCV".
 // val_fraction > 0 holds out that fraction of the training set (chosen by seed) as val, and test is the format's
 // test split (folder/csv: test_dir/test_csv, else val_dir/val_csv when present, else the held-out part);
-// otherwise val is the format's val (folder/csv) or test split. train_subset / val_subset > 0 keep the first N of a
-// seed-shuffled order (kept in dataset order afterwards). Splits never change with anything but the seed.
+// otherwise val is the format's val (folder/csv) or test split. classes (non-empty) first keeps those classes in every
+// split, relabelled 0..n-1 in the listed order. After the val split, train_per_class > 0 keeps at most N training
+// samples of each class, and train_subset / val_subset > 0 keep the first N of a seed-shuffled order (kept in dataset
+// order afterwards). Splits never change with anything but the seed.
 Splits open_datasets(const DataConfig& config, uint64_t seed, const ImageDecoder& decoder);
 
 }  // namespace vit

@@ -1,6 +1,10 @@
 // Image files to model inputs, decoded in parallel with an error per image.
 #include "infer/inputs.h"
 
+#include <algorithm>
+#include <future>
+#include <stdexcept>
+
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -32,6 +36,26 @@ std::vector<PreparedImage> prepare_images(const std::vector<std::string>& paths,
     }
   });
   return images;
+}
+
+void for_each_prepared_batch(const std::vector<std::string>& paths, size_t batch_size, const Preprocess& preprocess,
+                             const ModelConfig& model, bool overlap,
+                             const std::function<void(const std::vector<PreparedImage>& batch)>& on_batch) {
+  if (batch_size == 0) throw std::invalid_argument("for_each_prepared_batch: batch size must be positive");
+  auto prepare = [&](size_t start) {
+    const std::vector<std::string> chunk(paths.begin() + start,
+                                         paths.begin() + std::min(paths.size(), start + batch_size));
+    return prepare_images(chunk, preprocess, model);
+  };
+  std::future<std::vector<PreparedImage>> next;
+  if (overlap && !paths.empty()) next = std::async(std::launch::async, prepare, 0);
+  for (size_t start = 0; start < paths.size(); start += batch_size) {
+    const std::vector<PreparedImage> images = overlap ? next.get() : prepare(start);
+    if (overlap && start + batch_size < paths.size()) {
+      next = std::async(std::launch::async, prepare, start + batch_size);
+    }
+    on_batch(images);
+  }
 }
 
 torch::Tensor stack_inputs(const std::vector<PreparedImage>& images) {

@@ -2,6 +2,8 @@
 // shared preprocessing, in parallel, with an error per image instead of an abort. Vision library (OpenCV).
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,14 @@ struct PreparedImage {
 // keep_bgr: also keep each image's BGR copy (for overlays); costs the memory of every full-size image.
 std::vector<PreparedImage> prepare_images(const std::vector<std::string>& paths, const Preprocess& preprocess,
                                           const ModelConfig& model, bool keep_bgr = false);
+
+// Prepares `paths` batch_size at a time (prepare_images) and hands each batch, in order, to `on_batch`: the loop of
+// predict and embed. With overlap (a model on a GPU) the CPU decodes the next batch while on_batch runs the current
+// one; without it decoding and the model take all the cores in turn (a decoding thread beside the model's threads
+// would only make both wait).
+void for_each_prepared_batch(const std::vector<std::string>& paths, size_t batch_size, const Preprocess& preprocess,
+                             const ModelConfig& model, bool overlap,
+                             const std::function<void(const std::vector<PreparedImage>& batch)>& on_batch);
 
 // The inputs of the prepared images stacked in order, (B, C, H, W); undefined when none was prepared.
 torch::Tensor stack_inputs(const std::vector<PreparedImage>& images);

@@ -1,7 +1,6 @@
 // Classifying image files batch by batch, decoding overlapped with the model on a GPU.
 #include "infer/predict.h"
 
-#include <future>
 #include <stdexcept>
 
 #include <torch/torch.h>
@@ -53,24 +52,11 @@ void predict_images(LoadedModel& model, const std::vector<std::string>& paths, c
   if (paths.empty()) return;
   const int64_t topk = std::min<int64_t>(options.topk, model.model.num_classes);
   const torch::Device device = model.net->parameters().front().device();
-  const auto batch_size = static_cast<size_t>(options.batch_size);
-  auto prepare = [&](size_t start) {
-    const std::vector<std::string> chunk(paths.begin() + start,
-                                         paths.begin() + std::min(paths.size(), start + batch_size));
-    return prepare_images(chunk, model.preprocess, model.model);
-  };
-
   c10::InferenceMode inference;
-  // On a GPU the CPU decodes the next batch while the current one runs. On the CPU decoding and the model share the
-  // cores: each uses all of them in turn (a decoding thread beside the model's threads would only make both wait).
-  const bool overlap = device.is_cuda();
-  std::future<std::vector<PreparedImage>> next;
-  if (overlap) next = std::async(std::launch::async, prepare, 0);
-  for (size_t start = 0; start < paths.size(); start += batch_size) {
-    const std::vector<PreparedImage> images = overlap ? next.get() : prepare(start);
-    if (overlap && start + batch_size < paths.size()) next = std::async(std::launch::async, prepare, start + batch_size);
-    on_batch(classify(model, images, topk, device));
-  }
+  for_each_prepared_batch(paths, static_cast<size_t>(options.batch_size), model.preprocess, model.model,
+                          /*overlap=*/device.is_cuda(), [&](const std::vector<PreparedImage>& images) {
+                            on_batch(classify(model, images, topk, device));
+                          });
 }
 
 std::vector<Prediction> predict_images(LoadedModel& model, const std::vector<std::string>& paths,

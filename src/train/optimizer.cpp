@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -18,8 +19,75 @@ bool no_weight_decay(const std::string& name, const torch::Tensor& parameter) {
          ends_with("relative_position_bias_table");
 }
 
+namespace {
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.size() >= prefix.size() && text.compare(0, prefix.size(), prefix) == 0;
+}
+
+// "blocks.1" matches blocks.1 and blocks.1.*, never blocks.10.
+bool component_prefix(const std::string& name, const std::string& prefix) {
+  if (!starts_with(name, prefix)) return false;
+  return name.size() == prefix.size() || prefix.back() == '.' || name[prefix.size()] == '.';
+}
+
+}  // namespace
+
+int64_t layer_of(const std::string& name, int64_t depth) {
+  for (const char* stem : {"patch_embed", "cls_token", "reg_token", "pos_embed", "norm_pre"}) {
+    if (component_prefix(name, stem)) return 0;
+  }
+  if (starts_with(name, "blocks.")) {
+    const size_t end = name.find('.', 7);
+    const std::string index = name.substr(7, end == std::string::npos ? std::string::npos : end - 7);
+    if (!index.empty() && index.find_first_not_of("0123456789") == std::string::npos && index.size() < 10) {
+      const int64_t block = std::stoll(index);
+      if (block < depth) return block + 1;
+    }
+    throw std::invalid_argument("layer_of: " + name + " is not a block of a " + std::to_string(depth) +
+                                "-block model");
+  }
+  return depth + 1;
+}
+
+double layer_decay_scale(const std::string& name, int64_t depth, double decay) {
+  return std::pow(decay, static_cast<double>(depth + 1 - layer_of(name, depth)));
+}
+
+std::vector<std::string> freeze_parameters(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+                                           const std::vector<std::string>& prefixes) {
+  std::vector<std::string> frozen;
+  for (const auto& prefix : prefixes) {
+    bool matched = false;
+    for (const auto& [name, parameter] : named_parameters) {
+      const bool hit = prefix == "backbone" ? !component_prefix(name, "head") : component_prefix(name, prefix);
+      if (!hit) continue;
+      matched = true;
+      if (!parameter.requires_grad()) continue;  // an earlier prefix froze it already
+      parameter.requires_grad_(false);
+      frozen.push_back(name);
+    }
+    if (!matched) {
+      std::vector<std::string> tops;  // the first components, to say what there is
+      for (const auto& item : named_parameters) {
+        std::string top = item.first.substr(0, item.first.find('.'));
+        if (top == "blocks") top = "blocks.0";
+        if (std::find(tops.begin(), tops.end(), top) == tops.end()) tops.push_back(top);
+      }
+      std::string list;
+      for (const auto& top : tops) list.append(list.empty() ? "" : ", ").append(top);
+      throw std::invalid_argument("train.freeze: \"" + prefix + "\" matches no parameter of the model (it has " +
+                                  list + ", ...; or \"backbone\" for all but the head)");
+    }
+  }
+  const bool any_left = std::any_of(named_parameters.begin(), named_parameters.end(),
+                                    [](const auto& item) { return item.second.requires_grad(); });
+  if (!any_left) throw std::invalid_argument("train.freeze freezes every parameter: nothing is left to train");
+  return frozen;
+}
+
 FlatAdamW::FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
-                     const TrainConfig& config)
+                     const TrainConfig& config, const LrScale& lr_scale)
     : beta1_(config.beta1), beta2_(config.beta2), eps_(config.eps), weight_decay_(config.weight_decay) {
   if (named_parameters.empty()) throw std::invalid_argument("FlatAdamW: no parameters");
   for (int pass = 0; pass < 2; ++pass) {
@@ -30,8 +98,17 @@ FlatAdamW::FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& n
       if (pass == 0) decay_size_ += p.numel();
     }
   }
+  if (named_.empty()) throw std::invalid_argument("FlatAdamW: no trainable parameters");
   int64_t total = 0;
-  for (const auto& item : named_) total += item.second.numel();
+  for (const auto& [name, p] : named_) {
+    total += p.numel();
+    const double scale = lr_scale ? lr_scale(name) : 1.0;
+    if (!segments_.empty() && segments_.back().lr_scale == scale) {
+      segments_.back().end = total;
+    } else {
+      segments_.push_back({total, scale});
+    }
+  }
   const auto options = named_.front().second.options().requires_grad(false);
   params_ = torch::empty({total}, options);
   grads_ = torch::zeros({total}, options);
@@ -46,6 +123,15 @@ FlatAdamW::FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& n
     p.set_data(param_view);  // the module's parameter now lives in the flat buffer
     p.mutable_grad() = grads_.narrow(0, offset, n).view(p.sizes());  // autograd accumulates in place
     offset += n;
+  }
+  if (segments_.size() > 1) {
+    std::vector<float> scales(static_cast<size_t>(total));
+    int64_t begin = 0;
+    for (const auto& segment : segments_) {
+      std::fill(scales.begin() + begin, scales.begin() + segment.end, static_cast<float>(segment.lr_scale));
+      begin = segment.end;
+    }
+    lr_scales_ = torch::tensor(scales).to(options.device()).to(options.dtype());
   }
 }
 
@@ -66,35 +152,55 @@ void FlatAdamW::step(double lr) {
   const double step_size = lr / bias1;
   const double bias2_sqrt = std::sqrt(bias2);
   if (params_.is_cpu() && params_.scalar_type() == torch::kFloat32) {
-    // One pass over four arrays, in the same arithmetic order as torch.optim.AdamW (non-foreach).
+    // One pass over four arrays, in the same arithmetic order as torch.optim.AdamW (non-foreach), each segment with
+    // its param group's lr.
     float* p = params_.data_ptr<float>();
     const float* g = grads_.data_ptr<float>();
     float* m = exp_avg_.data_ptr<float>();
     float* v = exp_avg_sq_.data_ptr<float>();
     const float b1 = static_cast<float>(beta1_), b2 = static_cast<float>(beta2_);
-    const float decay = static_cast<float>(1.0 - lr * weight_decay_);
-    const float eps = static_cast<float>(eps_), step = static_cast<float>(step_size);
+    const float eps = static_cast<float>(eps_);
     const float denom_scale = static_cast<float>(bias2_sqrt);
+    std::vector<float> decay(segments_.size()), step(segments_.size());
+    for (size_t s = 0; s < segments_.size(); ++s) {
+      const double group_lr = lr * segments_[s].lr_scale;
+      decay[s] = static_cast<float>(1.0 - group_lr * weight_decay_);
+      step[s] = static_cast<float>(group_lr / bias1);
+    }
     const int64_t decay_end = decay_size_;
     at::parallel_for(0, params_.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const float gi = g[i];
-        if (i < decay_end) p[i] *= decay;
-        const float mi = m[i] * b1 + (1.0f - b1) * gi;
-        const float vi = v[i] * b2 + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] -= step * (mi / (std::sqrt(vi) / denom_scale + eps));
+      size_t s = std::upper_bound(segments_.begin(), segments_.end(), begin,
+                                  [](int64_t i, const Segment& segment) { return i < segment.end; }) -
+                 segments_.begin();
+      for (int64_t i = begin; i < end; ++s) {
+        const int64_t stop = std::min(end, segments_[s].end);
+        const float decay_s = decay[s], step_s = step[s];
+        for (; i < stop; ++i) {
+          const float gi = g[i];
+          if (i < decay_end) p[i] *= decay_s;
+          const float mi = m[i] * b1 + (1.0f - b1) * gi;
+          const float vi = v[i] * b2 + (1.0f - b2) * gi * gi;
+          m[i] = mi;
+          v[i] = vi;
+          p[i] -= step_s * (mi / (std::sqrt(vi) / denom_scale + eps));
+        }
       }
     });
     return;
   }
-  // Other devices: the same update as a few whole-buffer tensor operations.
-  if (decay_size_ > 0) params_.narrow(0, 0, decay_size_).mul_(1.0 - lr * weight_decay_);
+  // Other devices: the same update as a few whole-buffer tensor operations (per-element lr scales when they differ).
+  if (decay_size_ > 0) {
+    auto decayed = params_.narrow(0, 0, decay_size_);
+    if (lr_scales_.defined()) {
+      decayed.addcmul_(decayed, lr_scales_.narrow(0, 0, decay_size_), -lr * weight_decay_);
+    } else {
+      decayed.mul_(1.0 - lr * weight_decay_);
+    }
+  }
   exp_avg_.mul_(beta1_).add_(grads_, 1.0 - beta1_);
   exp_avg_sq_.mul_(beta2_).addcmul_(grads_, grads_, 1.0 - beta2_);
   auto denom = (exp_avg_sq_.sqrt() / bias2_sqrt).add_(eps_);
-  params_.addcdiv_(exp_avg_, denom, -step_size);
+  params_.addcdiv_(lr_scales_.defined() ? exp_avg_ * lr_scales_ : exp_avg_, denom, -step_size);
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> FlatAdamW::state() const {

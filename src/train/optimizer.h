@@ -3,6 +3,7 @@
 // small ones. Parameters are ordered decay group first, then the no-decay group (1-D tensors, pos_embed, cls_token).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,16 +17,35 @@ namespace vit {
 // True for parameters that get no weight decay: biases, norm weights, LayerScale, pos_embed, cls_token.
 bool no_weight_decay(const std::string& name, const torch::Tensor& parameter);
 
+// train.layer_decay: the layer of a ViT parameter: 0 for patch_embed, cls_token, reg_token, pos_embed and norm_pre,
+// i + 1 for blocks.i, depth + 1 for the rest (final norm, fc_norm, attn_pool, head), as BEiT and timm number them.
+int64_t layer_of(const std::string& name, int64_t depth);
+// Its learning-rate scale, decay^(depth + 1 - layer_of(name)): 1 for the head, decay^(depth + 1) for patch_embed.
+double layer_decay_scale(const std::string& name, int64_t depth, double decay);
+
+// train.freeze: marks every parameter that one of `prefixes` matches as not requiring a gradient and returns their
+// names. A prefix matches whole dotted components ("blocks.1" is blocks.1 and blocks.1.*); "backbone" matches all
+// but head.*. Throws naming a prefix that matches nothing, and when nothing would be left to train.
+std::vector<std::string> freeze_parameters(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+                                           const std::vector<std::string>& prefixes);
+
+// A parameter's learning-rate multiplier, by name (layer decay); empty = 1 for all.
+using LrScale = std::function<double(const std::string& name)>;
+
 class FlatAdamW {
  public:
-  // Rebinds every parameter's storage into the flat buffer (values kept). Parameters must already be on their
-  // final device and dtype: moving the module afterwards would detach it from the buffers.
-  FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters, const TrainConfig& config);
+  // Rebinds every trainable parameter's storage into the flat buffer (values kept); parameters that require no
+  // gradient (train.freeze) are left out: no state, no decay, not clipped. Parameters must already be on their final
+  // device and dtype: moving the module afterwards would detach it from the buffers. Each parameter's update uses
+  // lr * lr_scale(name), its weight decay included, as a torch.optim param group with that lr would.
+  FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters, const TrainConfig& config,
+            const LrScale& lr_scale = {});
 
   void zero_grad();
   // Global L2 norm of all gradients before clipping; scales them to max_norm when above (max_norm 0 = no clip).
   double clip_grad_norm(double max_norm);
-  // One AdamW update at learning rate `lr` (decoupled weight decay on the decay group only).
+  // One AdamW update at learning rate `lr` times each parameter's scale (decoupled weight decay on the decay group
+  // only).
   void step(double lr);
 
   torch::Tensor& params() { return params_; }      // (P) all parameters
@@ -39,8 +59,15 @@ class FlatAdamW {
   void load_state(const std::vector<std::pair<std::string, torch::Tensor>>& state);
 
  private:
+  // A run of the buffer whose parameters share one lr scale (one run for the whole buffer without layer decay).
+  struct Segment {
+    int64_t end;  // one past its last element; it starts where the previous one ends
+    double lr_scale;
+  };
   std::vector<std::pair<std::string, torch::Tensor>> named_;  // in buffer order
+  std::vector<Segment> segments_;
   torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_;
+  torch::Tensor lr_scales_;  // (P) per element, for the non-CPU update; undefined with a single segment
   int64_t decay_size_ = 0;
   int64_t steps_ = 0;
   double beta1_, beta2_, eps_, weight_decay_;

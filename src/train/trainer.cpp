@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "train/run_state.h"
 #include "train/schedule.h"
 #include "util/log.h"
+#include "util/progress.h"
 #include "util/runtime.h"
 
 namespace vit {
@@ -40,21 +42,21 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-class Progress {
+class EpochBar {
  public:
-  Progress() : tty_(::isatty(::fileno(stderr)) != 0) {}
+  EpochBar() : tty_(::isatty(::fileno(stderr)) != 0) {}
   bool tty() const { return tty_; }
   void update(int64_t epoch, int64_t epochs, int64_t step, int64_t steps, double loss, double lr, double img_s,
-              double eta_s) {
+              double epoch_eta_s, double run_eta_s) {
     if (!tty_) return;
     const int width = 24;
     const int filled = steps > 0 ? static_cast<int>(width * step / steps) : 0;
     std::string bar(filled, '=');
     if (filled < width) bar += '>' + std::string(width - filled - 1, ' ');
-    std::fprintf(stderr, "\r\033[Kepoch %lld/%lld [%s] %lld/%lld loss %.4f lr %.2e %.0f img/s ETA %d:%02d",
+    std::fprintf(stderr, "\r\033[Kepoch %lld/%lld [%s] %lld/%lld loss %.4f lr %.2e %.0f img/s ETA %s, run %s",
                  static_cast<long long>(epoch), static_cast<long long>(epochs), bar.c_str(),
                  static_cast<long long>(step), static_cast<long long>(steps), loss, lr, img_s,
-                 static_cast<int>(eta_s) / 60, static_cast<int>(eta_s) % 60);
+                 format_duration(epoch_eta_s).c_str(), format_duration(run_eta_s).c_str());
     std::fflush(stderr);
   }
   void end_line() {
@@ -124,6 +126,7 @@ class Training {
   std::optional<Schedule> schedule_;
   VisionTransformer net_{nullptr};
   std::vector<std::pair<std::string, torch::Tensor>> named_parameters_;
+  std::vector<std::string> frozen_;  // train.freeze: parameters outside the optimiser, kept in the resume state
   std::optional<FlatAdamW> optimizer_;
   std::optional<GradientReducer> reducer_;
   torch::Tensor ema_;  // flat EMA of the parameters (undefined when train.ema_decay is 0)
@@ -132,7 +135,7 @@ class Training {
   std::optional<RunDirectory> dir_;
   std::map<std::string, std::string> model_metadata_;
   std::function<void(const std::string&, const std::vector<CurvePanel>&)> plot_curves_;
-  Progress progress_;
+  EpochBar progress_;
   bool reached_max_ = false;
   double last_top1_ = std::nan("");
   double last_lr_ = 0.0;
@@ -204,7 +207,19 @@ Training::Training(const TrainRequest& request, const TrainHooks& hooks)
   }
   net_->to(device_);
   for (const auto& item : net_->named_parameters()) named_parameters_.emplace_back(item.key(), item.value());
-  optimizer_.emplace(named_parameters_, tc_);
+  frozen_ = freeze_parameters(named_parameters_, tc_.freeze);
+  LrScale lr_scale;
+  if (tc_.layer_decay != 1.0) {
+    const int64_t depth = config_.model.depth;
+    const double decay = tc_.layer_decay;
+    lr_scale = [depth, decay](const std::string& name) { return layer_decay_scale(name, depth, decay); };
+    char text[160];
+    std::snprintf(text, sizeof text, "train.layer_decay %g: lr x%.4g for patch_embed and pos_embed .. x%.4g for "
+                  "block %lld .. x1 for the head", decay, std::pow(decay, depth + 1.0), decay,
+                  static_cast<long long>(depth - 1));
+    log::info(text);
+  }
+  optimizer_.emplace(named_parameters_, tc_, lr_scale);
   // Averages gradients over ranks, each bucket's all-reduce overlapping the rest of backward (no-op for one rank).
   reducer_.emplace(*comm_, optimizer_->grads(), optimizer_->named(), named_parameters_);
   {
@@ -223,7 +238,11 @@ Training::Training(const TrainRequest& request, const TrainHooks& hooks)
   model_metadata_ = {{"class_source", name_of(config_.data.format)}};
   reached_max_ = tc_.max_steps > 0 && rs_.global_step >= tc_.max_steps;
 
-  log::info("training " + std::to_string(count_parameters(*net_)) + " parameters on " + device_.str() + " for " +
+  if (!frozen_.empty()) {
+    log::info("train.freeze: " + std::to_string(frozen_.size()) + " tensors frozen, " +
+              std::to_string(count_parameters(*net_) - optimizer_->params().numel()) + " parameters");
+  }
+  log::info("training " + std::to_string(optimizer_->params().numel()) + " parameters on " + device_.str() + " for " +
             std::to_string(tc_.epochs) + " epochs x " + std::to_string(steps_per_epoch_) + " steps (batch " +
             std::to_string(tc_.batch_size) + " x accum " + std::to_string(tc_.accum_steps) + " x ranks " +
             std::to_string(env_.world_size) + "), " + std::to_string(splits_.train->size()) + " train / " +
@@ -244,6 +263,12 @@ void Training::load_resume_state(const std::string& path) {
                           {"optimizer.exp_avg_sq", saved.tensor("optimizer.exp_avg_sq")},
                           {"optimizer.steps", saved.tensor("optimizer.steps")}});
   if (ema_.defined()) ema_.copy_(saved.tensor("ema"));
+  // Frozen parameters came from --init-from, which a resumed run does not read again.
+  for (const auto& [name, parameter] : named_parameters_) {
+    if (std::find(frozen_.begin(), frozen_.end(), name) != frozen_.end()) {
+      parameter.copy_(saved.tensor("frozen." + name));
+    }
+  }
   // The position in the epoch counts per-rank batches and each rank has its own RNG stream: same world size only.
   if (saved.world_size != env_.world_size) {
     throw std::invalid_argument(path + " was saved by " + std::to_string(saved.world_size) + " rank(s); resume it " +
@@ -260,6 +285,9 @@ void Training::save_state() {
   safetensors::NamedTensors tensors{{"params", optimizer_->params().detach().cpu()}};
   for (auto& [name, t] : optimizer_->state()) tensors.emplace_back(name, t.cpu());
   if (ema_.defined()) tensors.emplace_back("ema", ema_.cpu());
+  for (const auto& [name, parameter] : named_parameters_) {
+    if (!parameter.requires_grad()) tensors.emplace_back("frozen." + name, parameter.detach().cpu().contiguous());
+  }
   // Every rank's dropout stream; each rank restores its own.
   const torch::Tensor own = rng_state();
   if (env_.world_size > 1) {
@@ -383,10 +411,16 @@ StepResult Training::step() {
 
 void Training::after_step(const StepResult& step) {
   const bool main_rank = dir_->writer();
+  // ETAs at this epoch's training speed (evaluation and checkpoints not counted).
   const double img_s = rs_.epoch_seconds > 0 ? rs_.epoch_images / rs_.epoch_seconds : 0.0;
-  const double eta = img_s > 0 ? (steps_per_epoch_ - rs_.step_in_epoch) * images_per_step_ / img_s : 0.0;
+  const double step_s = img_s > 0 ? images_per_step_ / img_s : 0.0;
+  const int64_t epoch_left = steps_per_epoch_ - rs_.step_in_epoch;
+  int64_t run_left = epoch_left + (tc_.epochs - rs_.epoch - 1) * steps_per_epoch_;
+  if (tc_.max_steps > 0) run_left = std::min(run_left, tc_.max_steps - rs_.global_step);
+  const double epoch_eta = std::min(epoch_left, run_left) * step_s, run_eta = run_left * step_s;
   if (main_rank) {
-    progress_.update(rs_.epoch + 1, tc_.epochs, rs_.step_in_epoch, steps_per_epoch_, step.loss, step.lr, img_s, eta);
+    progress_.update(rs_.epoch + 1, tc_.epochs, rs_.step_in_epoch, steps_per_epoch_, step.loss, step.lr, img_s,
+                     epoch_eta, run_eta);
   }
   if (rs_.global_step % tc_.log_interval == 0 && main_rank) {
     const double interval_s = seconds_since(interval_start_);
@@ -398,11 +432,13 @@ void Training::after_step(const StepResult& step) {
     if (env_.world_size > 1) line["comm_ms"] = 1000.0 * interval_comm_s_ * images_per_step_ / interval_images_;
     dir_->append_metrics(line);
     if (!progress_.tty()) {
-      char text[200];
-      std::snprintf(text, sizeof text, "epoch %lld step %lld/%lld loss %.4f lr %.3e grad_norm %.3f %.0f img/s",
+      char text[240];
+      std::snprintf(text, sizeof text,
+                    "epoch %lld step %lld/%lld loss %.4f lr %.3e grad_norm %.3f %.0f img/s ETA epoch %s, run %s",
                     static_cast<long long>(rs_.epoch + 1), static_cast<long long>(rs_.step_in_epoch),
                     static_cast<long long>(steps_per_epoch_), step.loss, step.lr, step.grad_norm,
-                    interval_images_ / interval_s);
+                    interval_images_ / interval_s, format_duration(epoch_eta).c_str(),
+                    format_duration(run_eta).c_str());
       log::info(text);
     }
     interval_start_ = Clock::now();
