@@ -1,5 +1,7 @@
-// `vit export-attention`: per image, the model's attention tensors, attention (and gradient) rollout, overlays and
-// summary.json under DIR/<image stem>/ (src/explain/export_run.h), and DIR/index.html, a gallery that opens from disk.
+// `vit export-attention`: per image, the model's attention tensors, the maps of --method, overlays, faithfulness
+// curves and summary.json under DIR/<image stem>/ (src/explain/export_run.h); DIR/summary.json and DIR/index.html, a
+// gallery that opens from disk.
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -27,7 +29,9 @@ struct ExportAttentionOptions {
   std::string heads = "all";      // heads in the grid and the per-layer head mean
   std::string rollout = "mean";   // head fusion of attention rollout
   double discard_ratio = 0.0;     // lowest fraction of fused attention dropped per block
-  bool grad_rollout = false;      // also gradient rollout
+  std::string method = "rollout"; // --method: maps to compute (all or a list)
+  bool grad_rollout = false;      // --grad-rollout: adds grad-rollout to the methods (the older spelling)
+  int64_t start_layer = 0;        // attribution's first block
   int64_t target_class = -1;      // --class (-1: the predicted class)
   std::string colormap = "jet";
   double alpha = 0.5;             // heatmap opacity
@@ -56,7 +60,16 @@ int run_export_attention(const ExportAttentionOptions& o) {
   options.heads = parse_index_list(o.heads, config.num_heads, "--heads");
   options.fusion = o.rollout;
   options.discard_ratio = o.discard_ratio;
-  options.grad_rollout = o.grad_rollout;
+  options.methods = parse_methods(o.method);
+  if (o.grad_rollout && std::find(options.methods.begin(), options.methods.end(), MapMethod::grad_rollout) ==
+                            options.methods.end()) {
+    options.methods.push_back(MapMethod::grad_rollout);
+  }
+  if (o.start_layer >= config.depth) {
+    throw std::invalid_argument("--start-layer " + std::to_string(o.start_layer) + " is out of range [0, " +
+                                std::to_string(config.depth) + ") for " + model.path);
+  }
+  options.start_layer = o.start_layer;
   if (o.target_class >= config.num_classes) {
     throw std::invalid_argument("--class " + std::to_string(o.target_class) + " is out of range [0, " +
                                 std::to_string(config.num_classes) + ") for " + model.path);
@@ -104,15 +117,20 @@ int run_export_attention(const ExportAttentionOptions& o) {
                            std::to_string(config.num_heads) + " heads";
   std::ostringstream rollout_text;
   rollout_text << o.rollout << " fusion, discard " << o.discard_ratio;
-  nlohmann::ordered_json run = {{"checkpoint", model.path}, {"model", model_text}, {"rollout", rollout_text.str()}};
-  if (o.grad_rollout) {
-    run["gradient rollout"] = o.target_class >= 0 ? "class " + model.class_names.at(o.target_class)
-                                                  : std::string("predicted class");
+  std::string methods_text;
+  for (const MapMethod id : options.methods) {
+    (methods_text += methods_text.empty() ? "" : ", ") += explain_method(id).name;
   }
+  nlohmann::ordered_json run = {{"checkpoint", model.path}, {"model", model_text}, {"methods", methods_text},
+                                {"rollout", rollout_text.str()}};
+  run["explained class"] = o.target_class >= 0 ? "class " + model.class_names.at(o.target_class)
+                                               : std::string("the predicted class of each image");
   if (!o.mask_heads.empty()) run["masked heads"] = o.mask_heads;
   run["images"] = std::to_string(results.size()) + " exported" +
                   (errors.empty() ? std::string() : ", " + std::to_string(errors.size()) + " failed");
-  write_gallery(o.out, results, errors, run, o.colormap, o.alpha);
+  auto faithfulness = faithfulness_overview(results);
+  write_export_summary(o.out, run, exported, faithfulness, options.write_png);
+  write_gallery(o.out, results, errors, run, o.colormap, o.alpha, faithfulness);
   std::printf("gallery: %s/index.html\n", o.out.c_str());
 
   if (!errors.empty()) {
@@ -145,7 +163,8 @@ void setup_export_attention(CLI::App& app, int& status) {
   auto options = std::make_shared<ExportAttentionOptions>();
   auto* command = app.add_subcommand(
       "export-attention",
-      "Export attention maps, attention/gradient rollout, overlays and an HTML gallery for images (files or folders)");
+      "Export attention maps, rollout, gradient rollout, transformer attribution and Grad-CAM, overlays, faithfulness "
+      "curves and an HTML gallery for images (files or folders)");
   command->add_option("--checkpoint", options->checkpoint, "model file or timm / Hugging Face snapshot folder (default: the latest run's best model)")
       ->check(CLI::ExistingPath);
   add_config_args(command, options->config);
@@ -166,11 +185,18 @@ void setup_export_attention(CLI::App& app, int& status) {
                       "per block, drop this lowest fraction of fused attention (never the class token's column)")
       ->check(kDiscardRatio)
       ->capture_default_str();
-  auto* grad = command->add_flag("--grad-rollout", options->grad_rollout,
-                                 "also gradient rollout (attention weighted by its positive gradient)");
-  command->add_option("--class", options->target_class, "class for --grad-rollout (default: the predicted class)")
+  command->add_option("--method", options->method,
+                      "maps to compute: all, or a list of raw (last block's attention), rollout, grad-rollout, "
+                      "attribution (Chefer et al. 2021), gradcam (attention Grad-CAM)")
+      ->capture_default_str();
+  command->add_flag("--grad-rollout", options->grad_rollout, "also gradient rollout (same as adding it to --method)");
+  command->add_option("--start-layer", options->start_layer, "attribution: the first block that contributes")
       ->check(CLI::NonNegativeNumber)
-      ->needs(grad);
+      ->capture_default_str();
+  command->add_option("--class", options->target_class,
+                      "class explained by grad-rollout, attribution and gradcam and measured by --faithfulness "
+                      "(default: each image's predicted class)")
+      ->check(CLI::NonNegativeNumber);
   command->add_option("--colormap", options->colormap, "heatmap colours")
       ->check(CLI::IsMember({"jet", "viridis", "inferno", "turbo"}))
       ->capture_default_str();
@@ -181,7 +207,8 @@ void setup_export_attention(CLI::App& app, int& status) {
       ->check(CLI::IsMember({"png", "npy", "both"}))
       ->capture_default_str();
   command->add_flag("--faithfulness", options->faithfulness,
-                    "deletion curves in summary.json: heatmap order vs random order");
+                    "deletion, insertion and positive/negative perturbation curves per method and for a random "
+                    "order: summary.json, faithfulness.png and the gallery's table");
   command->add_option("--mask-heads", options->mask_heads,
                       "switch off heads, e.g. 3:1,5:0 (LAYER:HEAD); their maps are still exported");
   command->add_option("--topk", options->topk, "predictions listed per image")

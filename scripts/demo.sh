@@ -23,8 +23,15 @@ echo "== classifying sample images"
 python3 "$root/scripts/fashion_mnist_samples.py" /usr/share/datasets/fashion-mnist data/samples 8 >/dev/null
 "$vit" predict --checkpoint "$run/best.safetensors" data/samples
 
-echo "== exporting attention maps"
-"$vit" export-attention --checkpoint "$run/best.safetensors" --grad-rollout --out "$run/attention" data/samples
+echo "== exporting attention maps (every method, with faithfulness curves)"
+"$vit" export-attention --checkpoint "$run/best.safetensors" --method all --faithfulness --out "$run/attention" \
+  data/samples
+
+echo "== which map to trust: faithfulness of every method on the first 100 test images"
+python3 "$root/scripts/fashion_mnist_samples.py" /usr/share/datasets/fashion-mnist data/faithfulness 100 >/dev/null
+"$vit" export-attention --checkpoint "$run/best.safetensors" --method all --faithfulness \
+  --out "$run/faithfulness" data/faithfulness >/dev/null
+python3 "$root/scripts/faithfulness_table.py" "$run/faithfulness/summary.json"
 
 cat <<TXT
 
@@ -34,4 +41,5 @@ run directory:    $run
 evaluation:       $run/eval (report.json, confusion.csv, confusion.png)
 sample images:    $root/data/samples
 attention maps:   $run/attention/index.html (open it in a browser)
+faithfulness:     $run/faithfulness/summary.json (100 test images, every method)
 TXT

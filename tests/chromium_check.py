@@ -4,7 +4,8 @@
 Passes when: no console errors, uncaught exceptions or failed loads; every expected image card is shown and every
 <img> decodes; a real mouse click (Input.dispatchMouseEvent) on a layer x head cell opens the large view of exactly
 that map (its pixels are compared with colours computed here from the page's embedded data) at several times the
-cell's size; Escape closes it; a click on an overlay thumbnail shows that picture. Saves two screenshots.
+cell's size; Escape closes it; a click on an overlay thumbnail shows that picture; the faithfulness table, when there
+is one, has a row per method and sorts on a click of a heading. Saves two screenshots.
 Exit status: 0 pass, 1 fail (reasons printed), 2 Chromium could not be started or driven.
 """
 import argparse
@@ -279,6 +280,33 @@ def check(args):
             if not picture["open"] or picture["src"] != thumb["src"] or picture["width"] <= 0:
                 failures.append(f"clicking a thumbnail showed {picture}, expected {thumb['src']}")
 
+        # The faithfulness table (when the export measured it): one row per method, and a real click on a column
+        # heading sorts the rows by that column, a second click the other way.
+        table_rows = None
+        if data.get("faithfulness"):
+            for kind in ("keyDown", "keyUp"):  # close the picture the thumbnail opened
+                call("Input.dispatchKeyEvent", {"type": kind, "key": "Escape", "code": "Escape",
+                                                "windowsVirtualKeyCode": 27})
+            want_rows = sorted(row["method"] for row in data["faithfulness"]["table"])
+            table_rows = evaluate("""Array.from(document.querySelectorAll('#faithfulness table.faith-table tbody tr'))
+                  .map(tr => tr.dataset.method)""")
+            if sorted(table_rows or []) != want_rows:
+                failures.append(f"faithfulness table rows {table_rows}, expected {want_rows}")
+            for click, direction in ((1, "ascending"), (2, "descending")):
+                heading = evaluate("""(() => { const th = document.querySelector('#faithfulness th[data-col="1"]');
+                      th.scrollIntoView({block: 'center'}); const r = th.getBoundingClientRect();
+                      return {x: r.left + r.width / 2, y: r.top + r.height / 2}; })()""")
+                for kind in ("mousePressed", "mouseReleased"):
+                    call("Input.dispatchMouseEvent", {"type": kind, "x": heading["x"], "y": heading["y"],
+                                                      "button": "left", "buttons": 1 if kind == "mousePressed" else 0,
+                                                      "clickCount": 1})
+                values = evaluate("""Array.from(document.querySelectorAll('#faithfulness tbody tr'))
+                      .map(tr => Number(tr.cells[2].dataset.value))""")
+                want = sorted(values, reverse=direction == "descending")
+                if values != want:
+                    failures.append(f"after {click} click(s) on the insertion heading the rows are {values}, "
+                                    f"not {direction}")
+
         time.sleep(0.2)  # let late console messages arrive
         try:
             call("Runtime.evaluate", {"expression": "1"})
@@ -294,6 +322,7 @@ def check(args):
                 entry = params["entry"]
                 failures.append(f"log error ({entry.get('source')}): {entry.get('text')} {entry.get('url', '')}")
         print(json.dumps({"cards": names, "cells": cells, "clicked": {"image": image, "row": row, "col": col},
+                          "faithfulness_rows": table_rows,
                           "screenshots": [args.screenshot, args.zoom_screenshot]}))
     finally:
         if process is not None:

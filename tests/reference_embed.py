@@ -17,16 +17,22 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 
-def features(a):
+def timm_model(weights, model_json, preprocess_json):
+    """timm's VisionTransformer(**MODEL) in eval mode with WEIGHTS loaded strictly, and its eval transform."""
     from timm.data import create_transform
     from timm.models.vision_transformer import VisionTransformer
 
-    model = VisionTransformer(**json.loads(a.model)).eval()
-    model.load_state_dict(load_file(a.weights), strict=True)
-    pre = json.loads(a.preprocess)
+    model = VisionTransformer(**json.loads(model_json)).eval()
+    model.load_state_dict(load_file(weights), strict=True)
+    pre = json.loads(preprocess_json)
     size = model.patch_embed.img_size
     transform = create_transform(input_size=(3, *size), mean=tuple(pre["mean"]), std=tuple(pre["std"]),
                                  crop_pct=pre["crop_pct"], interpolation=pre["interpolation"])
+    return model, transform
+
+
+def features(a):
+    model, transform = timm_model(a.weights, a.model, a.preprocess)
     pixels = torch.stack([transform(Image.open(path).convert("RGB")) for path in a.images.split(",")])
     out = {"pixels": pixels}
     with torch.no_grad():

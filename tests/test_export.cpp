@@ -74,7 +74,7 @@ TEST(ExportAttention, Tiny32MatchesTimmReference) {
 
     const auto summary = read_json(out + "/" + stem + "/summary.json");
     EXPECT_EQ(summary["format"], "vit-attention-export");
-    EXPECT_EQ(summary["format_version"], 1);
+    EXPECT_EQ(summary["format_version"], 2);
     EXPECT_EQ(summary["model"]["grid"], nlohmann::json({2, 2}));
     EXPECT_EQ(summary["method"]["rollout"]["head_fusion"], "mean");
     EXPECT_EQ(summary["method"]["rollout"]["discard_ratio"], 0.0);
@@ -218,22 +218,32 @@ TEST(ExportAttention, FaithfulnessDeletionCurves) {
   const auto result = export_tiny32(dir, out, "--faithfulness --grad-rollout " + quoted(kChelsea));
   ASSERT_EQ(result.status, 0) << result.output << result.errors;
   const auto summary = read_json(out + "/chelsea/summary.json");
+  EXPECT_EQ(summary["format_version"], 2);
   const auto& f = summary["faithfulness"];
   ASSERT_TRUE(f.is_object()) << summary.dump(2);
-  EXPECT_EQ(f["fractions"], nlohmann::json({0.0, 0.25, 0.5, 0.75, 1.0}));  // 4 patches, one at a time
+  EXPECT_EQ(f["metrics"]["deletion"]["fractions"], nlohmann::json({0.0, 0.25, 0.5, 0.75, 1.0}));  // 4 patches
+  EXPECT_EQ(f["metrics"]["deletion"]["better"], "lower");
   EXPECT_EQ(f["class"], summary["prediction"]["class"]);
-  for (const char* order : {"rollout", "grad_rollout", "random"}) {
-    ASSERT_EQ(f[order]["probs"].size(), 5u) << order;
+  EXPECT_EQ(f["class_source"], "predicted");
+  const auto& curves = f["curves"];
+  std::vector<std::string> keys;
+  for (const auto& [key, unused] : curves.items()) keys.push_back(key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"grad_rollout", "random", "rollout"}));  // nlohmann::json sorts keys
+  for (const auto& order : keys) {
+    const auto& deletion = curves[order]["deletion"];
+    ASSERT_EQ(deletion["probs"].size(), 5u) << order;
     // Nothing deleted yet: the prediction's own probability. All deleted: the same blank image for every order.
-    EXPECT_NEAR(f[order]["probs"][0].get<double>(), summary["prediction"]["topk"][0]["prob"].get<double>(), 1e-5);
-    EXPECT_NEAR(f[order]["probs"][4].get<double>(), f["random"]["probs"][4].get<double>(), 1e-6);
-    const double auc = f[order]["auc"].get<double>();
+    EXPECT_NEAR(deletion["probs"][0].get<double>(), summary["prediction"]["topk"][0]["prob"].get<double>(), 1e-5);
+    EXPECT_NEAR(deletion["probs"][4].get<double>(), curves["random"]["deletion"]["probs"][4].get<double>(), 1e-6);
+    EXPECT_EQ(deletion["top1"][0], 1) << order;  // the intact image predicts the explained class
+    const double auc = deletion["auc"].get<double>();
     EXPECT_GT(auc, 0.0);
     EXPECT_LT(auc, 1.0);
   }
-  EXPECT_EQ(f["rollout_beats_random"].get<bool>(), f["rollout"]["auc"] < f["random"]["auc"]);
-  std::printf("deletion AUC: rollout %.4f, grad rollout %.4f, random %.4f\n", f["rollout"]["auc"].get<double>(),
-              f["grad_rollout"]["auc"].get<double>(), f["random"]["auc"].get<double>());
+  std::printf("deletion AUC: rollout %.4f, grad rollout %.4f, random %.4f\n",
+              curves["rollout"]["deletion"]["auc"].get<double>(),
+              curves["grad_rollout"]["deletion"]["auc"].get<double>(),
+              curves["random"]["deletion"]["auc"].get<double>());
 }
 
 TEST(ExportAttention, BadImagesGetPredictsErrorsAndTheRestIsExported) {
@@ -269,8 +279,11 @@ TEST(ExportAttention, BadOptionsFailBeforeWork) {
       {"--alpha 1.5", "1.5"},
       {"--layers 2", "--layers: 2 is out of range [0, 2)"},
       {"--heads 0,x", "--heads: \"x\" is not an index"},
-      {"--class 3", "--grad-rollout"},
       {"--grad-rollout --class 10", "--class 10 is out of range [0, 10)"},
+      {"--class 10", "--class 10 is out of range [0, 10)"},
+      {"--method rollout,shap", "unknown method \"shap\" (allowed: all or raw, rollout, grad-rollout, attribution, gradcam)"},
+      {"--method rollout,rollout", "--method: rollout is listed twice"},
+      {"--method all --start-layer 2", "--start-layer 2 is out of range [0, 2)"},
   };
   for (const auto& c : cases) {
     const auto result = export_tiny32(dir, out, c.arguments + " " + quoted(kChelsea));

@@ -35,7 +35,7 @@ std::vector<std::string> export_sample(const TempDir& dir, const std::string& ou
   write_file_atomic(broken, "not a jpeg");
   const auto result = test::run_vit(
       "export-attention --checkpoint " + quoted(test::data_path("tiny32/weights.safetensors")) + " --config " +
-      quoted(config) + " --out " + quoted(out) + " --grad-rollout --faithfulness --mask-heads 1:0 " +
+      quoted(config) + " --out " + quoted(out) + " --method all --faithfulness --mask-heads 1:0 " +
       quoted(test::data_path("tiny32/chelsea.png")) + " " + quoted(test::data_path("tiny32/synthetic.png")) + " " +
       quoted(odd) + " " + quoted(broken));
   EXPECT_EQ(result.status, 3) << result.output << result.errors;  // the broken file

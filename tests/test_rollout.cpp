@@ -1,4 +1,5 @@
-// Attention rollout, gradient rollout and deletion curves against hand-computed answers (src/explain/rollout.h).
+// Attention rollout, gradient rollout, transformer attribution, attention Grad-CAM, the readout rule and the
+// perturbation curves against hand-computed answers (src/explain/rollout.h).
 // Every expected value is worked out in the comments from the inputs written here, not with the library.
 #include <cmath>
 
@@ -102,6 +103,18 @@ TEST(RolloutMath, RowsAreRenormalisedPerRow) {
   EXPECT_TRUE(torch::allclose(a, expected, 0, 1e-12)) << a;
 }
 
+// The hand-made gradients of the tests below: block 0 head 0 +1 and head 1 -1 everywhere; block 1 head 0
+// 2 at (0,1) only, head 1 -1 everywhere but +1 at (0,0) and (0,2).
+std::vector<torch::Tensor> hand_gradients() {
+  auto g0 = torch::cat({torch::ones({1, 3, 3}), -torch::ones({1, 3, 3})}).to(torch::kFloat64);
+  auto g1 = torch::zeros({2, 3, 3}, torch::kFloat64);
+  g1[0][0][1] = 2.0;
+  g1[1] = -1.0;
+  g1[1][0][0] = 1.0;
+  g1[1][0][2] = 1.0;
+  return {g0, g1};
+}
+
 TEST(RolloutMath, GradientRolloutMatchesHandComputation) {
   // Block 0: head 0 gradient +1 everywhere, head 1 gradient -1 everywhere (its positive part is 0), so
   //   F0 = mean(h0 * 1, h1 * 0) = h0 / 2 = [[.25 .125 .125] [.1 .3 .1] [.05 .05 .4]]; + I, row sums all 1.5:
@@ -112,16 +125,58 @@ TEST(RolloutMath, GradientRolloutMatchesHandComputation) {
   //   R[0, 1] = (1.15 / 12 + .6 * 13/15 + .15 / 30) / 1.9;  R[0, 2] = (1.15 / 12 + .6 / 15 + .15 * 14/15) / 1.9.
   // (The reversed product A0 A1 would give .430 instead of .444; clamping after the head mean, as jacobgil does,
   //  would let head 1's negative gradient at (0,1) cancel part of head 0's.)
-  auto g0 = torch::cat({torch::ones({1, 3, 3}), -torch::ones({1, 3, 3})}).to(torch::kFloat64);
-  auto g1 = torch::zeros({2, 3, 3}, torch::kFloat64);
-  g1[0][0][1] = 2.0;
-  g1[1] = -1.0;
-  g1[1][0][0] = 1.0;
-  g1[1][0][2] = 1.0;
   const double r1 = (1.15 / 12 + 0.6 * 13.0 / 15 + 0.15 / 30) / 1.9;
   const double r2 = (1.15 / 12 + 0.6 / 15 + 0.15 * 14.0 / 15) / 1.9;
-  const auto map = gradient_rollout({block0(), block1()}, {g0, g1}, 0.0, 1, 1, 2);
+  const auto map = gradient_rollout({block0(), block1()}, hand_gradients(), 0.0, 1, 1, 2);
   expect_map(map, {1.0, r2 / r1}, 1, 2);
+}
+
+TEST(RolloutMath, TransformerAttributionMatchesHandComputation) {
+  // Block 0: relu(G * A) is head 0's attention and 0 for head 1, so Abar0 = h0 / 2 =
+  //   [[.25 .125 .125] [.1 .3 .1] [.05 .05 .4]];  R0 = I + Abar0 @ I = [[1.25 .125 .125] [.1 1.3 .1] [.05 .05 1.4]].
+  // Block 1: head 0's product is 1.2 at (0,1); head 1's is [.3 -.4 .3] in row 0 and negative elsewhere, clamped
+  //   per head to [.3 0 .3]. Abar1 = mean = [[.15 .6 .15] [0 0 0] [0 0 0]].
+  // R = R0 + Abar1 @ R0, row 0 = [1.25 .125 .125] + .15 * R0[0] + .6 * R0[1] + .15 * R0[2]
+  //   = [1.505, .125 + .01875 + .78 + .0075, .125 + .01875 + .06 + .21] = [1.505 .93125 .41375].
+  // (Clamping after the head mean would give head 1's -.4 a say: Abar1[0][1] = (1.2 - .4) / 2 = .4.)
+  const auto g = hand_gradients();
+  const auto map = transformer_attribution({block0(), block1()}, g, /*start_layer=*/0, 1, 1, 2);
+  expect_map(map, {1.0, 0.41375 / 0.93125}, 1, 2);
+  // From block 1 on: R = I + Abar1, row 0 = [1.15 .6 .15].
+  expect_map(transformer_attribution({block0(), block1()}, g, 1, 1, 1, 2), {1.0, 0.25}, 1, 2);
+  EXPECT_THROW(transformer_attribution({block0(), block1()}, g, 2, 1, 1, 2), std::invalid_argument);
+  // The patch-mean readout (average pooling): rows 1 and 2 of R = R0 + Abar1 @ R0 are R0's (Abar1 is zero there):
+  //   mean of [.1 1.3 .1] and [.05 .05 1.4] over the patches = [.675 .75] -> [.9, 1].
+  const auto mean_rows = torch::tensor({0.0, 0.5, 0.5}, torch::kFloat64);
+  expect_map(transformer_attribution({block0(), block1()}, g, 0, 1, 1, 2, mean_rows), {0.9, 1.0}, 1, 2);
+}
+
+TEST(RolloutMath, AttentionGradcamMatchesHandComputation) {
+  // Last block, class token's row: a0 = [.1 .6 .3], a1 = [.3 .4 .3]; g0 = [0 2 0], g1 = [1 -1 1].
+  // Weights: mean over the patches (columns 1, 2): w0 = (2 + 0) / 2 = 1, w1 = (-1 + 1) / 2 = 0.
+  // cam = mean over heads of w * a[patches] = ([.6 .3] + 0) / 2 = [.3 .15] -> [1, .5].
+  const auto g = hand_gradients();
+  expect_map(attention_gradcam(block1(), g[1], 1, 1, 2), {1.0, 0.5}, 1, 2);
+  // The opposite gradient makes every entry negative: clamped to zero, the map is all zero (not divided by 0).
+  expect_map(attention_gradcam(block1(), -g[1], 1, 1, 2), {0.0, 0.0}, 1, 2);
+  // Patch-mean readout: rows 1 and 2 of head 0 average to [.3 .4] over the patches, its gradient there is 0, so
+  // w0 = 0; head 1's rows [.4 .2], [.3 .6] average to [.35 .4], its gradient rows are all -1, so w1 = -1:
+  // cam = -[.35 .4] / 2 is negative everywhere, so zero (and [.35 .4] / 2 -> [.875, 1] for the opposite gradient).
+  const auto mean_rows = torch::tensor({0.0, 0.5, 0.5}, torch::kFloat64);
+  expect_map(attention_gradcam(block1(), g[1], 1, 1, 2, mean_rows), {0.0, 0.0}, 1, 2);
+  expect_map(attention_gradcam(block1(), -g[1], 1, 1, 2, mean_rows), {0.35 / 0.4, 1.0}, 1, 2);
+}
+
+TEST(RolloutMath, HeadReadoutFollowsThePooling) {
+  ModelConfig model = test::tiny_vit(32, 16, 3, 5, 32, 2, 2, 4.0);  // 2 x 2 patches + class token
+  model.global_pool = GlobalPool::token;
+  EXPECT_TRUE(torch::equal(head_readout(model), torch::tensor({1.0, 0.0, 0.0, 0.0, 0.0}, torch::kFloat64)));
+  // Average pooling never reads the class token: the mean of the patch rows, class token or not.
+  model.global_pool = GlobalPool::avg;
+  EXPECT_TRUE(torch::equal(head_readout(model), torch::tensor({0.0, 0.25, 0.25, 0.25, 0.25}, torch::kFloat64)));
+  EXPECT_NE(head_readout_name(model).find("mean of the patch rows"), std::string::npos);
+  model.class_token = false;
+  EXPECT_TRUE(torch::equal(head_readout(model), torch::tensor({0.25, 0.25, 0.25, 0.25}, torch::kFloat64)));
 }
 
 TEST(RolloutMath, MapUsesTheGivenRectangularGridRowMajor) {
@@ -234,6 +289,49 @@ TEST(RolloutModel, DeletionCurveBlanksPatchesInOrder) {
   double auc = 0.0;
   for (int i = 0; i < 3; ++i) auc += (curve.probs[i] + curve.probs[i + 1]) / 2.0 / 3.0;
   EXPECT_NEAR(curve.auc, auc, 1e-12);
+}
+
+TEST(RolloutModel, InsertionAndPerturbationCurves) {
+  auto net = tiny_model();  // 2 x 3 patches of 16 px
+  torch::manual_seed(6);
+  const auto image = torch::randn({3, 32, 48});
+  const std::vector<int64_t> order = {4, 0, 5, 1, 3, 2};
+  torch::NoGradGuard no_grad;
+  auto probs = [&](const torch::Tensor& x) { return net->forward(x.unsqueeze(0)).softmax(-1)[0]; };
+  auto patch = [](torch::Tensor& x, int64_t p) { return x.narrow(1, (p / 3) * 16, 16).narrow(2, (p % 3) * 16, 16); };
+
+  // Insertion restores patches onto a blank image: level 0 is all blank, the last level the intact image.
+  const auto insertion = insertion_curve(net, image, order, /*target_class=*/2, /*steps=*/3, /*batch_size=*/2);
+  ASSERT_EQ(insertion.fractions, (std::vector<double>{0.0, 1.0 / 3, 2.0 / 3, 1.0}));
+  EXPECT_NEAR(insertion.probs[0], probs(torch::zeros_like(image))[2].item<double>(), 1e-6);
+  EXPECT_NEAR(insertion.probs[3], probs(image)[2].item<double>(), 1e-6);
+  auto level1 = torch::zeros_like(image);  // patches 4 and 0 back
+  for (int64_t p : {4, 0}) {
+    auto source = image.clone();
+    patch(level1, p).copy_(patch(source, p));
+  }
+  EXPECT_NEAR(insertion.probs[1], probs(level1)[2].item<double>(), 1e-6);
+
+  // Positive perturbation: 0%, 10%, .., 90% -> counts floor(0.6 i) = 0 0 1 1 2 3 3 4 4 5 for 6 patches.
+  const auto positive = positive_perturbation(net, image, order, 2);
+  ASSERT_EQ(positive.fractions.size(), 10u);
+  const std::vector<int64_t> counts = {0, 0, 1, 1, 2, 3, 3, 4, 4, 5};
+  for (size_t i = 0; i < counts.size(); ++i) EXPECT_DOUBLE_EQ(positive.fractions[i], counts[i] / 6.0) << i;
+  // Negative perturbation blanks the reversed order: at 90%, every patch but order[0] = 4.
+  const auto negative = negative_perturbation(net, image, order, 2);
+  auto all_but_first = torch::zeros_like(image);
+  auto source = image.clone();
+  patch(all_but_first, 4).copy_(patch(source, 4));
+  const auto last = probs(all_but_first);
+  EXPECT_NEAR(negative.probs[9], last[2].item<double>(), 1e-6);
+  EXPECT_EQ(negative.top1[9], last.argmax().item<int64_t>() == 2 ? 1 : 0);
+  EXPECT_EQ(negative.top1[0], probs(image).argmax().item<int64_t>() == 2 ? 1 : 0);
+  double auc = 0.0;
+  for (size_t i = 1; i < 10; ++i) {
+    auc += (negative.fractions[i] - negative.fractions[i - 1]) * (negative.probs[i] + negative.probs[i - 1]) / 2;
+  }
+  EXPECT_NEAR(negative.auc, auc, 1e-12);
+  EXPECT_THROW(perturbation_curve(net, image, order, {2, 1}, 2, false), c10::Error);  // counts must not go back
 }
 
 }  // namespace

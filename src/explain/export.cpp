@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <sstream>
 #include <stdexcept>
@@ -32,6 +33,17 @@ const char* kGradRolloutDefinition =
     "drop the lowest discard_ratio of F outside the prefix tokens' columns, F = F + I, rows / row sums, R = F @ R; "
     "map = (readout @ R)[patches] reshaped to the grid, / max";
 
+const char* kRawDefinition =
+    "the last block's attention from the readout query (method.rollout.readout) to every patch, head mean over the "
+    "heads that are on, / max";
+const char* kAttributionDefinition =
+    "R = I; per block from start_layer on: G = d logit[class] / d attention, Abar = mean over heads of "
+    "max(G * attention, 0) (each head clamped, then averaged), R = R + Abar @ R; map = (readout @ R)[patches] "
+    "reshaped to the grid, / max (Chefer, Gur & Wolf, ICCV 2021)";
+const char* kGradcamDefinition =
+    "last block: a_h = readout @ attention_h, g_h = readout @ (d logit[class] / d attention_h); w_h = mean of g_h "
+    "over the patches; map = max(mean over heads of w_h * a_h[patches], 0) / max (attention Grad-CAM)";
+
 // A (h, w) tensor as an owning CV_32F matrix.
 cv::Mat to_mat(const torch::Tensor& map) {
   const auto m = map.to(torch::kCPU, torch::kFloat32).contiguous();
@@ -43,7 +55,7 @@ std::string dump_json(const nlohmann::ordered_json& value) {
   return value.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
-// rows = layers, columns = heads: each cell the head's class-token map over a small copy of the image, masked
+// rows = layers, columns = heads: each cell the head's readout attention map over a small copy of the image, masked
 // heads framed in red and labelled; a colour bar explains the scale.
 cv::Mat draw_contact_sheet(const cv::Mat& preview, const ExportResult& result, const std::string& colormap,
                            double alpha, const std::string& title) {
@@ -52,7 +64,7 @@ cv::Mat draw_contact_sheet(const cv::Mat& preview, const ExportResult& result, c
   const auto aspect_h = static_cast<int>(std::lround(static_cast<double>(cell_w) * preview.rows / preview.cols));
   const int cell_h = std::clamp(aspect_h, 48, 2 * kCellWidth);
   const int outer = 12, label_w = 78, title_h = 50, header_h = 24, gap = 6, footer_h = 46;
-  const std::string subtitle = "class-token attention per layer x head, each map divided by its max";
+  const std::string subtitle = "attention of the head's query per layer x head, each map divided by its max";
   int baseline = 0;
   const int text_w = std::max(cv::getTextSize(title, cv::FONT_HERSHEY_SIMPLEX, 0.55, 1, &baseline).width,
                               cv::getTextSize(subtitle, cv::FONT_HERSHEY_SIMPLEX, 0.42, 1, &baseline).width);
@@ -103,11 +115,95 @@ cv::Mat draw_contact_sheet(const cv::Mat& preview, const ExportResult& result, c
   return canvas;
 }
 
-nlohmann::ordered_json curve_json(const DeletionCurve& curve) {
-  return {{"probs", curve.probs}, {"auc", curve.auc}};
+nlohmann::ordered_json curve_json(const PerturbationCurve& curve) {
+  return {{"probs", curve.probs}, {"top1", curve.top1}, {"auc", curve.auc}};
+}
+
+// The four faithfulness curves of one importance order.
+struct FaithfulnessCurves {
+  PerturbationCurve deletion, insertion, positive, negative;
+  nlohmann::ordered_json json() const {
+    return {{"deletion", curve_json(deletion)}, {"insertion", curve_json(insertion)},
+            {"positive", curve_json(positive)}, {"negative", curve_json(negative)}};
+  }
+};
+FaithfulnessCurves faithfulness_of(VisionTransformer& net, const torch::Tensor& input,
+                                   const std::vector<int64_t>& order, int64_t target, int64_t steps) {
+  return {deletion_curve(net, input, order, target, steps), insertion_curve(net, input, order, target, steps),
+          positive_perturbation(net, input, order, target), negative_perturbation(net, input, order, target)};
 }
 
 }  // namespace
+
+void write_faithfulness_plot(const std::string& path, const nlohmann::ordered_json& faithfulness) {
+  static const std::vector<std::pair<std::string, std::string>> kPanels = {
+      {"deletion", "deletion (lower AUC is better)"},
+      {"insertion", "insertion (higher is better)"},
+      {"positive", "positive perturbation (lower is better)"},
+      {"negative", "negative perturbation (higher is better)"}};
+  std::vector<CurvePanel> panels;
+  for (const auto& [metric, heading] : kPanels) {
+    CurvePanel panel;
+    panel.title = heading;
+    panel.legend_below = metric == "insertion";  // its curves rise to the upper right
+    panel.x = faithfulness.at("metrics").at(metric).at("fractions").get<std::vector<double>>();
+    panel.x_label = metric == "insertion" ? "fraction of patches restored" : "fraction of patches blanked";
+    for (const auto& [key, curves] : faithfulness.at("curves").items()) {
+      const auto& curve = curves.at(metric);
+      char name[64];
+      std::snprintf(name, sizeof name, "%s %.3f", key.c_str(), curve.at("auc").get<double>());
+      panel.curves.push_back({name, curve.at("probs").get<std::vector<double>>()});
+    }
+    panels.push_back(std::move(panel));
+  }
+  plot_curves(path, panels);
+}
+
+const std::vector<ExplainMethod>& explain_methods() {
+  static const std::vector<ExplainMethod> methods = {
+      {MapMethod::raw, "raw", "raw", "raw attention (last block)", false, kRawDefinition},
+      {MapMethod::rollout, "rollout", "rollout", "attention rollout", false, kRolloutDefinition},
+      {MapMethod::grad_rollout, "grad-rollout", "grad_rollout", "gradient rollout", true, kGradRolloutDefinition},
+      {MapMethod::attribution, "attribution", "attribution", "transformer attribution", true,
+       kAttributionDefinition},
+      {MapMethod::gradcam, "gradcam", "gradcam", "attention Grad-CAM", true, kGradcamDefinition},
+  };
+  return methods;
+}
+
+const ExplainMethod& explain_method(MapMethod id) {
+  for (const auto& method : explain_methods()) {
+    if (method.id == id) return method;
+  }
+  throw std::logic_error("explain_method: a MapMethod without a table entry");
+}
+
+std::vector<MapMethod> parse_methods(const std::string& text) {
+  std::string allowed;
+  for (const auto& method : explain_methods()) (allowed += allowed.empty() ? "" : ", ") += method.name;
+  std::vector<MapMethod> out;
+  if (text == "all") {
+    for (const auto& method : explain_methods()) out.push_back(method.id);
+    return out;
+  }
+  std::stringstream list(text);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    const auto found = std::find_if(explain_methods().begin(), explain_methods().end(),
+                                    [&](const ExplainMethod& m) { return item == m.name; });
+    if (found == explain_methods().end()) {
+      throw std::invalid_argument("--method: unknown method \"" + item + "\" (allowed: all or " + allowed + ")");
+    }
+    if (std::find(out.begin(), out.end(), found->id) != out.end()) {
+      throw std::invalid_argument("--method: " + item + " is listed twice");
+    }
+    out.push_back(found->id);
+  }
+  if (out.empty()) {
+    throw std::invalid_argument("--method: \"" + text + "\" lists no method (allowed: all or " + allowed + ")");
+  }
+  return out;
+}
 
 cv::Rect ModelView::in(cv::Size size) const {
   const int x0 = static_cast<int>(std::lround(left * size.width));
@@ -201,8 +297,15 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
   result.heads = options.heads.empty() ? parse_index_list("all", config.num_heads, "--heads") : options.heads;
   result.view = model_view(image_bgr.rows, image_bgr.cols, model.preprocess, config.img_h, config.img_w);
 
-  const int64_t gradient_class = options.grad_rollout ? options.target_class : -1;
-  const AttentionCapture capture = capture_attention(model.net, input, gradient_class);
+  std::vector<const ExplainMethod*> methods;
+  for (const MapMethod id : options.methods) methods.push_back(&explain_method(id));
+  const bool class_specific = std::any_of(methods.begin(), methods.end(), [](auto* m) { return m->class_specific; });
+  if (options.start_layer < 0 || options.start_layer >= config.depth) {
+    throw std::invalid_argument("--start-layer " + std::to_string(options.start_layer) + " is out of range [0, " +
+                                std::to_string(config.depth) + ") for " + model.path);
+  }
+  const AttentionCapture capture =
+      capture_attention(model.net, input, class_specific ? options.target_class : -1);
   const auto keep = head_keep_masks(model.net);  // per block (nh): 1 = on
   // The query the head reads (rollout.h): the class token, the patch mean, or a MAP head's pooling attention.
   const auto readout = head_readout(config, capture.pool_attention);  // (N)
@@ -217,6 +320,13 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
     topk.push_back({{"index", index}, {"label", model.class_names.at(index)}, {"prob", top_p[i].item<double>()}});
   }
   const int64_t predicted = top_i[0].item<int64_t>();
+  // The class the class-specific maps explain and the faithfulness curves measure.
+  const int64_t target = options.target_class == kPredictedClass ? predicted : options.target_class;
+  if (target < 0 || target >= config.num_classes) {
+    throw std::invalid_argument("--class " + std::to_string(target) + " is out of range [0, " +
+                                std::to_string(config.num_classes) + ") for " + model.path);
+  }
+  const std::string class_source = options.target_class == kPredictedClass ? "predicted" : "--class";
 
   nlohmann::ordered_json files = nlohmann::ordered_json::object();
   auto written = [&](const std::string& role, const std::string& name) {
@@ -238,23 +348,40 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
     }
   }
 
-  const auto rollout = attention_rollout(capture.attentions, options.fusion, options.discard_ratio, prefix, grid_h,
-                                         grid_w, keep, readout);  // (gh, gw)
-  torch::Tensor grad_rollout;
-  if (options.grad_rollout) {
-    grad_rollout = gradient_rollout(capture.attentions, capture.gradients, options.discard_ratio, prefix, grid_h,
-                                    grid_w, readout);  // (gh, gw)
-  }
-  if (options.write_npy) {
-    write_npy(dir + "/rollout.npy", rollout);
-    written("rollout_npy", "rollout.npy");
-    if (grad_rollout.defined()) {
-      write_npy(dir + "/grad_rollout.npy", grad_rollout);
-      written("grad_rollout_npy", "grad_rollout.npy");
+  // One (gh, gw) map per method, in the order asked for.
+  std::vector<torch::Tensor> maps;
+  for (const ExplainMethod* method : methods) {
+    const std::string key = method->key;
+    torch::Tensor map;
+    switch (method->id) {
+      case MapMethod::raw:
+        map = class_attention_mean(capture.attentions.back(), prefix, grid_h, grid_w, keep.back(), readout);
+        break;
+      case MapMethod::rollout:
+        map = attention_rollout(capture.attentions, options.fusion, options.discard_ratio, prefix, grid_h, grid_w,
+                                keep, readout);
+        break;
+      case MapMethod::grad_rollout:
+        map = gradient_rollout(capture.attentions, capture.gradients, options.discard_ratio, prefix, grid_h, grid_w,
+                               readout);
+        break;
+      case MapMethod::attribution:
+        map = transformer_attribution(capture.attentions, capture.gradients, options.start_layer, prefix, grid_h,
+                                      grid_w, readout);
+        break;
+      case MapMethod::gradcam:
+        map = attention_gradcam(capture.attentions.back(), capture.gradients.back(), prefix, grid_h, grid_w,
+                                readout);
+        break;
+    }
+    maps.push_back(map);
+    if (options.write_npy) {
+      write_npy(dir + "/" + key + ".npy", map);
+      written(key + "_npy", key + ".npy");
     }
   }
 
-  // Per shown layer and head: the class token's attention map (the grid), and which of those heads are on.
+  // Per shown layer and head: the readout's attention map (the grid), and which of those heads are on.
   const auto heads_index = torch::tensor(result.heads, torch::kInt64);
   std::vector<torch::Tensor> layer_maps;
   result.head_on = torch::zeros({static_cast<int64_t>(result.layers.size()), static_cast<int64_t>(result.heads.size())},
@@ -272,13 +399,11 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
     const cv::Mat preview = fit_within(image_bgr, kPreviewSide);
     write_image(dir + "/preview.png", preview);
     written("preview_png", "preview.png");
-    write_image(dir + "/rollout.png",
-                overlay_in_view(image_bgr, to_mat(rollout), result.view, options.colormap, options.alpha));
-    written("rollout_png", "rollout.png");
-    if (grad_rollout.defined()) {
-      write_image(dir + "/grad_rollout.png",
-                  overlay_in_view(image_bgr, to_mat(grad_rollout), result.view, options.colormap, options.alpha));
-      written("grad_rollout_png", "grad_rollout.png");
+    for (size_t m = 0; m < methods.size(); ++m) {
+      const std::string key = methods[m]->key;
+      write_image(dir + "/" + key + ".png",
+                  overlay_in_view(image_bgr, to_mat(maps[m]), result.view, options.colormap, options.alpha));
+      written(key + "_png", key + ".png");
     }
     files["layer_png"] = nlohmann::ordered_json::array();
     for (size_t r = 0; r < result.layers.size(); ++r) {
@@ -305,11 +430,27 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
       if (keep[layer][h].item<float>() == 0.0f) masked.push_back({{"layer", layer}, {"head", h}});
     }
   }
+  nlohmann::ordered_json method_list = nlohmann::ordered_json::array();
+  for (const ExplainMethod* method : methods) {
+    nlohmann::ordered_json entry = {{"method", method->name}, {"key", method->key}, {"title", method->title},
+                                    {"class_specific", method->class_specific}};
+    if (method->class_specific) {
+      entry["class"] = target;
+      entry["label"] = model.class_names.at(target);
+      entry["class_source"] = class_source;
+      entry["score"] = "logit (before softmax)";
+    }
+    if (method->id == MapMethod::attribution) entry["start_layer"] = options.start_layer;
+    entry["definition"] = method->definition;
+    method_list.push_back(entry);
+  }
   nlohmann::ordered_json method = {
       {"attention", "explicit softmax probabilities of forward_features, the path predict uses (no fused kernel)"},
       {"layers", result.layers},
       {"heads", result.heads},
       {"masked_heads", masked},
+      {"readout", head_readout_name(config)},
+      {"maps", method_list},
       {"rollout", {{"head_fusion", options.fusion}, {"discard_ratio", options.discard_ratio},
                    {"prefix_tokens", prefix}, {"readout", head_readout_name(config)},
                    {"definition", kRolloutDefinition}}},
@@ -317,10 +458,10 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
       {"alpha", options.alpha},
       {"format", options.write_png && options.write_npy ? "both" : options.write_png ? "png" : "npy"},
   };
-  if (options.grad_rollout) {
-    method["grad_rollout"] = {{"class", capture.gradient_class},
-                              {"label", model.class_names.at(capture.gradient_class)},
-                              {"class_source", options.target_class == kPredictedClass ? "predicted" : "--class"},
+  if (std::find(options.methods.begin(), options.methods.end(), MapMethod::grad_rollout) != options.methods.end()) {
+    method["grad_rollout"] = {{"class", target},
+                              {"label", model.class_names.at(target)},
+                              {"class_source", class_source},
                               {"score", "logit (before softmax)"},
                               {"discard_ratio", options.discard_ratio},
                               {"definition", kGradRolloutDefinition}};
@@ -351,32 +492,47 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
   };
 
   written("summary", "summary.json");
-  summary["files"] = files;
   if (options.faithfulness) {
     const int64_t patches = grid_h * grid_w;
-    const auto by_rollout = deletion_curve(model.net, input, importance_order(rollout), predicted,
-                                           options.faithfulness_steps);
-    const auto by_random = deletion_curve(model.net, input, random_order(patches, options.random_seed), predicted,
-                                          options.faithfulness_steps);
-    nlohmann::ordered_json faithfulness = {
-        {"metric", "deletion: probability of the predicted class as patches are blanked, most important first"},
-        {"class", predicted},
-        {"label", model.class_names.at(predicted)},
-        {"baseline", "blanked patches are 0 after normalisation (the dataset mean colour)"},
-        {"fractions", by_rollout.fractions},
-        {"rollout", curve_json(by_rollout)},
-        {"random", {{"probs", by_random.probs}, {"auc", by_random.auc}, {"seed", options.random_seed}}},
-        {"auc_note", "area under probability vs deleted fraction; lower = the heatmap found the evidence faster"},
-        {"rollout_beats_random", by_rollout.auc < by_random.auc},
-    };
-    if (grad_rollout.defined()) {
-      const auto by_gradient = deletion_curve(model.net, input, importance_order(grad_rollout), predicted,
-                                              options.faithfulness_steps);
-      faithfulness["grad_rollout"] = curve_json(by_gradient);
-      faithfulness["grad_rollout_beats_random"] = by_gradient.auc < by_random.auc;
+    nlohmann::ordered_json curves = nlohmann::ordered_json::object();
+    for (size_t m = 0; m < methods.size(); ++m) {
+      curves[methods[m]->key] =
+          faithfulness_of(model.net, input, importance_order(maps[m]), target, options.faithfulness_steps).json();
     }
-    summary["faithfulness"] = faithfulness;
+    const auto random = faithfulness_of(model.net, input, random_order(patches, options.random_seed), target,
+                                        options.faithfulness_steps);
+    curves["random"] = random.json();
+    // The levels are the same for every order.
+    const auto& even = random.deletion.fractions;
+    const auto& tenths = random.positive.fractions;
+    summary["faithfulness"] = {
+        {"class", target},
+        {"label", model.class_names.at(target)},
+        {"class_source", class_source},
+        {"baseline", "blanked patches are 0 after normalisation (the dataset mean colour); insertion starts from an "
+                     "all-blank image"},
+        {"random_seed", options.random_seed},
+        {"metrics",
+         {{"deletion", {{"better", "lower"}, {"fractions", even},
+                        {"definition", "probability of the class as patches are blanked, most relevant first; "
+                                       "AUC over the blanked fraction 0..1"}}},
+          {"insertion", {{"better", "higher"}, {"fractions", even},
+                         {"definition", "probability of the class as patches are restored onto a blank image, most "
+                                        "relevant first; AUC over the restored fraction 0..1"}}},
+          {"positive", {{"better", "lower"}, {"fractions", tenths},
+                        {"definition", "positive perturbation (Chefer et al. 2021): 0%, 10%, .., 90% of the patches "
+                                       "blanked, most relevant first; AUC of the probability over 0..0.9"}}},
+          {"negative", {{"better", "higher"}, {"fractions", tenths},
+                        {"definition", "negative perturbation: the same levels, least relevant first"}}}}},
+        {"curves", curves},
+        {"note", "top1: 1 where the class is still the prediction at that level (the accuracy curve over a folder)"},
+    };
+    if (options.write_png) {
+      write_faithfulness_plot(dir + "/faithfulness.png", summary["faithfulness"]);
+      written("faithfulness_png", "faithfulness.png");
+    }
   }
+  summary["files"] = files;
 
   write_file_atomic(dir + "/summary.json", dump_json(summary));
   result.summary = std::move(summary);

@@ -18,22 +18,40 @@
 namespace vit {
 
 inline constexpr const char* kAttentionExportFormat = "vit-attention-export";
-inline constexpr int kAttentionExportVersion = 1;
+inline constexpr int kAttentionExportVersion = 2;  // 2: --method maps, faithfulness per method and metric
+
+// The maps export-attention can compute (--method); formulas in rollout.h.
+enum class MapMethod { raw, rollout, grad_rollout, attribution, gradcam };
+struct ExplainMethod {
+  MapMethod id;
+  const char* name;       // on the command line: raw | rollout | grad-rollout | attribution | gradcam
+  const char* key;        // file stem and JSON key: raw, rollout, grad_rollout, attribution, gradcam
+  const char* title;      // in the gallery and the plots
+  bool class_specific;    // needs the gradient of a class score
+  const char* definition; // summary.json's method.maps[].definition
+};
+const std::vector<ExplainMethod>& explain_methods();
+const ExplainMethod& explain_method(MapMethod id);
+// "all" -> every method; "rollout,attribution" -> those, in the order given. Throws std::invalid_argument naming
+// an unknown or repeated method and the allowed names.
+std::vector<MapMethod> parse_methods(const std::string& text);
 
 struct ExportOptions {
   std::vector<int64_t> layers;        // blocks whose attn_<layer>.npy/.png and grid rows are written (empty = all)
   std::vector<int64_t> heads;         // heads shown in the grid and averaged in attn_<layer>.png (empty = all)
+  std::vector<MapMethod> methods = {MapMethod::rollout};  // maps written as <key>.npy / <key>.png, in this order
   std::string fusion = "mean";        // attention rollout head fusion: mean | max | min
   double discard_ratio = 0.0;         // per block, the lowest fraction of fused attention dropped (class column kept)
-  bool grad_rollout = false;          // also the class-specific gradient rollout
-  int64_t target_class = kPredictedClass;  // gradient rollout's class (kPredictedClass = the prediction)
+  int64_t start_layer = 0;            // attribution: the first block that contributes
+  int64_t target_class = kPredictedClass;  // the class explained by the class-specific maps and measured by the
+                                           // faithfulness curves (kPredictedClass = the prediction)
   std::string colormap = "jet";       // jet | viridis | inferno | turbo
   double alpha = 0.5;                 // heatmap opacity in the overlays
-  bool write_png = true;              // overlays, contact sheet and the gallery's preview.png
-  bool write_npy = true;              // attn_<layer>.npy, rollout.npy, grad_rollout.npy
-  bool faithfulness = false;          // deletion curves: heatmap order against a random order
-  int64_t faithfulness_steps = 32;    // deletion levels after the intact image (capped at the patch count)
-  uint64_t random_seed = 0;           // seed of the random deletion order
+  bool write_png = true;              // overlays, contact sheet, faithfulness.png and the gallery's preview.png
+  bool write_npy = true;              // attn_<layer>.npy and one <key>.npy per method
+  bool faithfulness = false;          // deletion, insertion and perturbation curves per method, and a random order
+  int64_t faithfulness_steps = 32;    // deletion / insertion levels after the intact image (capped at the patches)
+  uint64_t random_seed = 0;           // seed of the random order
   int64_t topk = 5;                   // predictions listed in summary.json
 };
 
@@ -62,6 +80,10 @@ struct ExportResult {
   torch::Tensor head_on;            // (layers, heads) bool: false = head switched off by --mask-heads
   ModelView view;                   // where on the image the maps lie
 };
+
+// faithfulness.png: deletion, insertion, positive and negative perturbation panels, one curve per method (and the
+// random order) with its AUC, from summary.json's "faithfulness" object (or the folder's mean of them).
+void write_faithfulness_plot(const std::string& path, const nlohmann::ordered_json& faithfulness);
 
 // The folder name for an image: its file stem ("image" when the stem is empty, "." or ".."), suffixed "-2", "-3",
 // ... when `taken` already holds it; the result is added to `taken`.

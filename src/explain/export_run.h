@@ -3,6 +3,8 @@
 #pragma once
 
 #include <functional>
+
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -26,5 +28,16 @@ using ExportProgress =
 // Does not write the gallery (write_gallery takes the returned results and errors).
 ExportRun export_images(LoadedModel& model, const std::vector<std::string>& paths, const std::string& out_dir,
                         const ExportOptions& options, const ExportProgress& on_image = nullptr);
+
+// The folder's faithfulness, from the images whose summary has one (null when none does): per method and metric the
+// mean curve, the mean AUC and the AUC of the accuracy curve (the share of images still predicting the explained
+// class), and a table row per method: {method, deletion, insertion, positive, negative, positive_accuracy,
+// negative_accuracy, deletion_beats_random (the share of images)}.
+nlohmann::ordered_json faithfulness_overview(const std::vector<ExportResult>& results);
+
+// out_dir/summary.json: the run, the images and errors, and the overview when there is one; with write_png also
+// out_dir/faithfulness.png (the mean curves), whose name is then added to the overview as "plot".
+void write_export_summary(const std::string& out_dir, const nlohmann::ordered_json& run, const ExportRun& exported,
+                          nlohmann::ordered_json& faithfulness, bool write_png);
 
 }  // namespace vit

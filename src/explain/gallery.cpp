@@ -66,7 +66,13 @@ nlohmann::ordered_json image_json(const ExportResult& result) {
       {"on", maps["on"]},
       {"method", summary.at("method")},
   };
-  if (summary.contains("faithfulness")) image["faithfulness"] = summary.at("faithfulness");
+  if (summary.contains("faithfulness")) {
+    auto faithfulness = summary.at("faithfulness");
+    for (auto& [key, curves] : faithfulness["curves"].items()) {
+      for (auto& [metric, curve] : curves.items()) curve.erase("top1");  // the page draws probabilities only
+    }
+    image["faithfulness"] = faithfulness;
+  }
   return image;
 }
 
@@ -136,6 +142,17 @@ canvas.cropped { box-shadow: 0 0 0 100vmax rgba(0, 0, 0, .8); }  /* dims what th
 .legend { display: flex; align-items: center; gap: 8px; font-size: 12px; color: var(--muted); margin-top: 8px; }
 .ramp { width: 160px; height: 10px; border-radius: 2px; border: 1px solid var(--line); }
 .faith svg { width: 100%; max-width: 300px; height: auto; display: block; }
+table.faith-table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; margin-top: 6px; }
+table.faith-table th, table.faith-table td { padding: 4px 10px; border-bottom: 1px solid var(--line);
+                                             text-align: right; }
+table.faith-table th:first-child, table.faith-table td:first-child { text-align: left; white-space: nowrap; }
+table.faith-table thead th { cursor: pointer; user-select: none; white-space: nowrap; color: var(--muted); }
+table.faith-table thead th[aria-sort="ascending"]::after { content: " \25b2"; }
+table.faith-table thead th[aria-sort="descending"]::after { content: " \25bc"; }
+table.faith-table td.best { font-weight: 700; color: var(--accent); }
+table.faith-small { font-size: 12px; }
+table.faith-small th, table.faith-small td { padding: 2px 6px; }
+.faith-plot { display: block; max-width: 100%; margin-top: 12px; border: 1px solid var(--line); border-radius: 6px; }
 .faith .auc { font-size: 12.5px; color: var(--muted); margin: 4px 0 0; }
 .swatch { display: inline-block; width: 14px; height: 3px; margin: 0 6px 3px 0; vertical-align: middle; }
 .errors li { margin-bottom: 6px; }
@@ -164,7 +181,7 @@ canvas.cropped { box-shadow: 0 0 0 100vmax rgba(0, 0, 0, .8); }  /* dims what th
   <p class="meta" id="run"></p>
   <nav id="toc" aria-label="images"></nav>
 </header>
-<main id="cards"></main>
+<main id="cards"><section class="card" id="faithfulness" hidden></section></main>
 <div id="lightbox" hidden role="dialog" aria-modal="true" aria-labelledby="lb-caption">
   <div class="lb-panel">
     <button id="lb-close" type="button" aria-label="close">&times;</button>
@@ -250,7 +267,76 @@ const char* kPageScript = R"HTML(</script>
     ]);
   }
 
-  // Deletion curves: the predicted class's probability as patches are blanked, heatmap order vs random order.
+  // The faithfulness metrics: key, heading, which direction is better.
+  const METRICS = [["deletion", "deletion", "lower"], ["insertion", "insertion", "higher"],
+                   ["positive", "positive pert.", "lower"], ["negative", "negative pert.", "higher"]];
+  const COLORS = ["#2358d4", "#d4701f", "#2f9e44", "#9c36b5", "#c92a2a", "#8a93a3"];
+  const methodTitle = key => ({raw: "raw attention", rollout: "rollout", grad_rollout: "gradient rollout",
+                               attribution: "transformer attribution", gradcam: "attention Grad-CAM",
+                               random: "random order"})[key] || key;
+
+  // A table of methods x metrics; clicking a heading sorts by it (again: the other way). The best value of each
+  // column is marked.
+  function sortableTable(rows, columns, small) {
+    const table = el("table", {class: "faith-table" + (small ? " faith-small" : "")});
+    const head = el("tr", {}, [el("th", {scope: "col", text: "method", "data-col": "-1"})]);
+    columns.forEach(([key, title, better], c) =>
+        head.appendChild(el("th", {scope: "col", "data-col": String(c), title: better + " is better",
+                                   text: title + (better === "lower" ? " \u2193" : " \u2191")})));
+    const body = el("tbody");
+    const cells = rows.map(row => columns.map(([key]) => row.values[key]));
+    columns.forEach(([key, title, better], c) => {
+      const values = cells.map(r => r[c]).filter(v => typeof v === "number");
+      const best = better === "lower" ? Math.min(...values) : Math.max(...values);
+      rows.forEach((row, r) => { row.best = row.best || {}; row.best[c] = cells[r][c] === best; });
+    });
+    rows.forEach((row, r) => {
+      const tr = el("tr", {"data-method": row.key}, [el("td", {text: row.title})]);
+      cells[r].forEach((v, c) => tr.appendChild(el("td", {class: row.best[c] ? "best" : "",
+                                                          "data-value": String(v), text: v.toFixed(4)})));
+      body.appendChild(tr);
+    });
+    table.appendChild(el("thead", {}, [head]));
+    table.appendChild(body);
+    head.addEventListener("click", event => {
+      const th = event.target.closest("th");
+      if (!th) return;
+      const c = Number(th.dataset.col);
+      const ascending = th.getAttribute("aria-sort") !== "ascending";
+      head.querySelectorAll("th").forEach(h => h.removeAttribute("aria-sort"));
+      th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+      const sorted = Array.from(body.rows).sort((a, b) => {
+        const x = c < 0 ? a.cells[0].textContent : Number(a.cells[c + 1].dataset.value);
+        const y = c < 0 ? b.cells[0].textContent : Number(b.cells[c + 1].dataset.value);
+        return (x < y ? -1 : x > y ? 1 : 0) * (ascending ? 1 : -1);
+      });
+      sorted.forEach(tr => body.appendChild(tr));
+    });
+    return table;
+  }
+
+  // The folder's table at the top of the page: mean AUC per method over the images that measured it.
+  function faithOverview() {
+    const f = DATA.faithfulness;
+    const section = document.getElementById("faithfulness");
+    if (!f || !f.table) return;
+    const columns = METRICS.concat([["positive_accuracy", "positive pert. accuracy", "lower"],
+                                    ["negative_accuracy", "negative pert. accuracy", "higher"]]);
+    const rows = f.table.map(row => ({key: row.method, title: methodTitle(row.method), values: row}));
+    section.appendChild(el("h2", {text: "Which map to trust: faithfulness over " + f.images + " image" +
+                                        (f.images === 1 ? "" : "s")}));
+    section.appendChild(sortableTable(rows, columns, false));
+    section.appendChild(el("p", {class: "note", text: "Mean over the images of the area under each curve: the " +
+        "probability of the explained class (accuracy: the share of images still predicting it) as patches are " +
+        "blanked most relevant first (deletion, positive perturbation: lower is better), restored onto a blank " +
+        "image (insertion) or blanked least relevant first (negative perturbation: higher is better). A method " +
+        "that does not beat the random order explains nothing about this model. Positive and negative " +
+        "perturbation (Chefer et al. 2021) stop at 90%. Click a heading to sort."}));
+    if (f.plot) section.appendChild(el("img", {class: "faith-plot", src: f.plot, alt: "mean faithfulness curves"}));
+    section.hidden = false;
+  }
+
+  // Per image: the deletion curves of every method against the random order, and its four AUCs per method.
   function faithBlock(entry) {
     const f = entry.faithfulness;
     const NS = "http://www.w3.org/2000/svg";
@@ -262,10 +348,10 @@ const char* kPageScript = R"HTML(</script>
       svg.appendChild(node);
       return node;
     };
-    const series = [["rollout", "#2358d4"], ["grad_rollout", "#d4701f"], ["random", "#8a93a3"]]
-        .filter(([key]) => f[key]);
+    const keys = Object.keys(f.curves);
+    const fractions = f.metrics.deletion.fractions;
     // The y axis ends at a round value just above the highest probability, so small ones stay readable.
-    const top = Math.max(...series.flatMap(([key]) => f[key].probs));
+    const top = Math.max(...keys.flatMap(key => f.curves[key].deletion.probs));
     const decade = top > 0 ? Math.pow(10, Math.floor(Math.log10(top))) : 1;
     const ymax = Math.min(1, [1, 2, 2.5, 5, 10].map(m => m * decade).find(v => top <= v));
     const x = v => 46 + v * 246, y = v => 128 - v / ymax * 116;
@@ -276,20 +362,30 @@ const char* kPageScript = R"HTML(</script>
       add("text", {x: x(t), y: 143, "font-size": 10, "text-anchor": "middle", fill: "#5a6376"}).textContent = t;
     }
     const legend = el("div", {class: "auc"});
-    for (const [key, color] of series) {
-      const points = f.fractions.map((fr, j) => x(fr).toFixed(1) + "," + y(f[key].probs[j]).toFixed(1)).join(" ");
+    keys.forEach((key, i) => {
+      const color = key === "random" ? COLORS[5] : COLORS[i % 5];
+      const probs = f.curves[key].deletion.probs;
+      const points = fractions.map((fr, j) => x(fr).toFixed(1) + "," + y(probs[j]).toFixed(1)).join(" ");
       add("polyline", {points, fill: "none", stroke: color, "stroke-width": 2,
                        "stroke-dasharray": key === "random" ? "4 3" : "none"});
-      const text = key.replace("_", " ") + ": AUC " + f[key].auc.toPrecision(3);
       legend.appendChild(el("div", {}, [el("span", {class: "swatch", style: "background:" + color}),
-                                        document.createTextNode(text)]));
-    }
+                                        document.createTextNode(methodTitle(key))]));
+    });
+    const rows = keys.map(key => {
+      const values = {};
+      METRICS.forEach(([m]) => { values[m] = f.curves[key][m].auc; });
+      return {key, title: methodTitle(key), values};
+    });
+    const short = METRICS.map(([m, title, better]) => [m, m.slice(0, 3) + ".", better]);
     return el("div", {class: "faith"}, [
-      el("h3", {text: "Deletion curve"}),
+      el("h3", {text: "Deletion curves"}),
       svg,
       legend,
       el("p", {class: "note",
                text: "probability of \"" + f.label + "\" vs fraction of patches blanked; lower AUC is better"}),
+      sortableTable(rows, short, true),
+      entry.files.faithfulness_png ? el("p", {class: "note"}, [
+        el("a", {href: url(entry, entry.files.faithfulness_png), text: "all four curves (faithfulness.png)"})]) : null,
     ]);
   }
 
@@ -306,12 +402,13 @@ const char* kPageScript = R"HTML(</script>
     const figs = el("div", {class: "figs"});
     if (files.preview_png) figs.appendChild(picture(entry, files.preview_png, "input"));
     const m = entry.method;
-    if (files.rollout_png) {
-      figs.appendChild(picture(entry, files.rollout_png, "rollout (" + m.rollout.head_fusion + ", discard " +
-                                                          m.rollout.discard_ratio + ")"));
-    }
-    if (files.grad_rollout_png) {
-      figs.appendChild(picture(entry, files.grad_rollout_png, "gradient rollout for \"" + m.grad_rollout.label + "\""));
+    for (const map of m.maps) {
+      const file = files[map.key + "_png"];
+      if (!file) continue;
+      let caption = map.title;
+      if (map.key === "rollout") caption += " (" + m.rollout.head_fusion + ", discard " + m.rollout.discard_ratio + ")";
+      if (map.class_specific) caption += " for \"" + map.label + "\"";
+      figs.appendChild(picture(entry, file, caption));
     }
     const strip = el("div", {class: "strip"});
     (files.layer_png || []).forEach((file, i) => strip.appendChild(picture(entry, file, "layer " + entry.layers[i])));
@@ -344,11 +441,12 @@ const char* kPageScript = R"HTML(</script>
     const main = el("div", {}, [
       figs.childNodes.length ? el("h3", {text: "Overlays"}) : null,
       figs.childNodes.length ? figs : null,
-      strip.childNodes.length ? el("h3", {text: "Class-token attention per layer (head mean)"}) : null,
+      strip.childNodes.length ? el("h3", {text: "Attention per layer (head mean)"}) : null,
       strip.childNodes.length ? strip : null,
       el("h3", {text: "Layer \u00d7 head (click a map to enlarge)"}),
       el("div", {class: "gridwrap"}, [table]),
-      el("p", {class: "note", text: "Each map is the class token's attention over the " + gh + "\u00d7" + gw +
+      el("p", {class: "note", text: "Each map is the attention from " + entry.method.readout + " over the " + gh +
+                                    "\u00d7" + gw +
                                     " patch grid, divided by its own max." +
                                     (masked ? " Red: heads switched off by --mask-heads (exported, but they " +
                                               "contribute nothing downstream)." : "")}),
@@ -445,6 +543,7 @@ const char* kPageScript = R"HTML(</script>
   });
 
   runMeta();
+  faithOverview();
   const cards = document.getElementById("cards");
   DATA.images.forEach((entry, i) => cards.appendChild(card(entry, i)));
   if (DATA.errors.length) cards.appendChild(errorsBlock());
@@ -459,8 +558,14 @@ const char* kPageScript = R"HTML(</script>
 }  // namespace
 
 std::string gallery_html(const std::vector<ExportResult>& results, const std::vector<GalleryError>& errors,
-                         const nlohmann::ordered_json& run, const std::string& colormap, double alpha) {
+                         const nlohmann::ordered_json& run, const std::string& colormap, double alpha,
+                         const nlohmann::ordered_json& faithfulness) {
   nlohmann::ordered_json data = {{"run", run}, {"colormap", colormap_table(colormap)}, {"alpha", alpha}};
+  if (!faithfulness.is_null()) {
+    // The page needs the table and the plot's name, not the folder's mean curves.
+    data["faithfulness"] = {{"images", faithfulness.at("images")}, {"table", faithfulness.at("table")}};
+    if (faithfulness.contains("plot")) data["faithfulness"]["plot"] = faithfulness.at("plot");
+  }
   data["images"] = nlohmann::ordered_json::array();
   for (const auto& result : results) data["images"].push_back(image_json(result));
   data["errors"] = nlohmann::ordered_json::array();
@@ -478,8 +583,8 @@ std::string gallery_html(const std::vector<ExportResult>& results, const std::ve
 
 void write_gallery(const std::string& out_dir, const std::vector<ExportResult>& results,
                    const std::vector<GalleryError>& errors, const nlohmann::ordered_json& run,
-                   const std::string& colormap, double alpha) {
-  write_file_atomic(out_dir + "/index.html", gallery_html(results, errors, run, colormap, alpha));
+                   const std::string& colormap, double alpha, const nlohmann::ordered_json& faithfulness) {
+  write_file_atomic(out_dir + "/index.html", gallery_html(results, errors, run, colormap, alpha, faithfulness));
 }
 
 }  // namespace vit

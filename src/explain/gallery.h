@@ -1,5 +1,6 @@
 // DIR/index.html for `vit export-attention`: one self-contained page (inline CSS, JS and data; no network) that
-// shows every image with its prediction, overlays and the layer x head grid; clicking a cell enlarges that map.
+// shows every image with its prediction, overlays and the layer x head grid (clicking a cell enlarges that map), and,
+// when faithfulness was measured, a sortable table of the methods at the top.
 #pragma once
 
 #include <string>
@@ -17,13 +18,15 @@ struct GalleryError {
 };
 
 // The page's HTML. run: what the header shows (checkpoint, model, method); images link to the files each export
-// wrote, relative to the page, so the page works when opened straight from disk.
+// wrote, relative to the page, so the page works when opened straight from disk. faithfulness: the folder's
+// faithfulness_overview() (export_run.h), shown as a sortable table at the top; null for none.
 std::string gallery_html(const std::vector<ExportResult>& results, const std::vector<GalleryError>& errors,
-                         const nlohmann::ordered_json& run, const std::string& colormap, double alpha);
+                         const nlohmann::ordered_json& run, const std::string& colormap, double alpha,
+                         const nlohmann::ordered_json& faithfulness = nullptr);
 
 // Writes out_dir/index.html atomically.
 void write_gallery(const std::string& out_dir, const std::vector<ExportResult>& results,
                    const std::vector<GalleryError>& errors, const nlohmann::ordered_json& run,
-                   const std::string& colormap, double alpha);
+                   const std::string& colormap, double alpha, const nlohmann::ordered_json& faithfulness = nullptr);
 
 }  // namespace vit

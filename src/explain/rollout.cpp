@@ -87,7 +87,8 @@ torch::Tensor head_readout(const ModelConfig& model, const torch::Tensor& pool_a
   }
   const auto tokens = pool_attention.defined() ? prefix + pool_attention.size(-1) : prefix + patches;
   auto readout = torch::zeros({tokens}, torch::kFloat64);
-  if (model.class_token) {
+  // Token pooling reads the class token; average pooling reads the patches only, class token or not.
+  if (model.global_pool == GlobalPool::token && model.class_token) {
     readout[0] = 1.0;
   } else {
     readout.narrow(0, prefix, tokens - prefix).fill_(1.0 / static_cast<double>(tokens - prefix));
@@ -97,8 +98,8 @@ torch::Tensor head_readout(const ModelConfig& model, const torch::Tensor& pool_a
 
 std::string head_readout_name(const ModelConfig& model) {
   if (model.global_pool == GlobalPool::map) return "the MAP head's pooling attention over the patches (head mean)";
-  if (model.class_token) return "the class token's row";
-  return "the mean of the patch rows";
+  if (model.global_pool == GlobalPool::token && model.class_token) return "the class token's row";
+  return "the mean of the patch rows (the head averages the patch tokens)";
 }
 
 torch::Tensor rollout_to_map(const torch::Tensor& rollout, int64_t prefix_tokens, int64_t grid_h, int64_t grid_w,
@@ -156,6 +157,56 @@ torch::Tensor gradient_rollout(const std::vector<torch::Tensor>& attentions,
     result = torch::matmul(add_identity_and_normalise(fused), result);
   }
   return rollout_to_map(result, prefix_tokens, grid_h, grid_w, readout);
+}
+
+torch::Tensor transformer_attribution(const std::vector<torch::Tensor>& attentions,
+                                      const std::vector<torch::Tensor>& gradients, int64_t start_layer,
+                                      int64_t prefix_tokens, int64_t grid_h, int64_t grid_w,
+                                      const torch::Tensor& readout) {
+  check_attentions(attentions, prefix_tokens, grid_h, grid_w, "transformer_attribution");
+  TORCH_CHECK(gradients.size() == attentions.size(), "transformer_attribution: ", gradients.size(),
+              " gradients for ", attentions.size(), " blocks");
+  const auto depth = static_cast<int64_t>(attentions.size());
+  if (start_layer < 0 || start_layer >= depth) {
+    throw std::invalid_argument("--start-layer " + std::to_string(start_layer) + " is out of range [0, " +
+                                std::to_string(depth) + ")");
+  }
+  const int64_t N = prefix_tokens + grid_h * grid_w;
+  auto relevance = torch::eye(N, torch::kFloat64);  // (N, N)
+  for (int64_t b = start_layer; b < depth; ++b) {
+    TORCH_CHECK(gradients[b].defined() && gradients[b].sizes() == attentions[b].sizes(),
+                "transformer_attribution: block ", b, " gradient has shape ",
+                gradients[b].defined() ? gradients[b].sizes() : c10::IntArrayRef{}, ", attention ",
+                attentions[b].sizes());
+    const auto cam = (gradients[b].to(torch::kCPU, torch::kFloat64) * attentions[b].to(torch::kCPU, torch::kFloat64))
+                         .clamp_min(0.0)
+                         .mean(0);                         // (N, N): each head clamped, then averaged
+    relevance = relevance + torch::matmul(cam, relevance);  // R = R + Abar @ R
+  }
+  return rollout_to_map(relevance, prefix_tokens, grid_h, grid_w, readout);
+}
+
+torch::Tensor attention_gradcam(const torch::Tensor& attention, const torch::Tensor& gradient, int64_t prefix_tokens,
+                                int64_t grid_h, int64_t grid_w, const torch::Tensor& readout) {
+  check_attentions({attention}, prefix_tokens, grid_h, grid_w, "attention_gradcam");
+  TORCH_CHECK(gradient.defined() && gradient.sizes() == attention.sizes(), "attention_gradcam: gradient has shape ",
+              gradient.defined() ? gradient.sizes() : c10::IntArrayRef{}, ", attention ", attention.sizes());
+  const int64_t patches = grid_h * grid_w;
+  const auto a = attention.to(torch::kCPU, torch::kFloat64), g = gradient.to(torch::kCPU, torch::kFloat64);
+  TORCH_CHECK(!readout.defined() || readout.numel() == a.size(1), "attention_gradcam: readout has ", readout.numel(),
+              " weights for ", a.size(1), " tokens");
+  // The readout's row of every head: (nh, N). Without a readout, the class token's row (or the mean of all rows).
+  auto row = [&](const torch::Tensor& t) {
+    return readout.defined() ? torch::matmul(readout.to(torch::kCPU, torch::kFloat64), t)
+                             : (prefix_tokens > 0 ? t.select(1, 0) : t.mean(1));
+  };
+  const auto rows = row(a).narrow(1, prefix_tokens, patches);                       // (nh, P)
+  const auto weights = row(g).narrow(1, prefix_tokens, patches).mean(1, true);      // (nh, 1)
+  auto map = (weights * rows).mean(0).clamp_min(0.0).reshape({grid_h, grid_w}).clone();  // (gh, gw)
+  const double peak = map.max().item<double>();
+  if (peak > 0.0) map /= peak;
+  else map.zero_();
+  return map.to(torch::kFloat32);
 }
 
 torch::Tensor class_attention_maps(const torch::Tensor& attention, int64_t prefix_tokens, int64_t grid_h,
@@ -246,31 +297,34 @@ std::vector<int64_t> random_order(int64_t count, uint64_t seed) {
   return order;
 }
 
-DeletionCurve deletion_curve(VisionTransformer& net, const torch::Tensor& image, const std::vector<int64_t>& order,
-                             int64_t target_class, int64_t steps, int64_t batch_size) {
-  TORCH_CHECK(image.dim() == 3, "deletion_curve: expected one image (C, H, W), got ", image.sizes());
+PerturbationCurve perturbation_curve(VisionTransformer& net, const torch::Tensor& image,
+                                     const std::vector<int64_t>& order, const std::vector<int64_t>& counts,
+                                     int64_t target_class, bool insert, int64_t batch_size) {
+  TORCH_CHECK(image.dim() == 3, "perturbation_curve: expected one image (C, H, W), got ", image.sizes());
   const int64_t P = net->config().patch_size;
   const int64_t grid_h = image.size(1) / P, grid_w = image.size(2) / P, patches = grid_h * grid_w;
-  TORCH_CHECK(static_cast<int64_t>(order.size()) == patches, "deletion_curve: order has ", order.size(),
+  TORCH_CHECK(static_cast<int64_t>(order.size()) == patches, "perturbation_curve: order has ", order.size(),
               " entries for a ", grid_h, "x", grid_w, " grid");
-  TORCH_CHECK(steps >= 1 && batch_size >= 1, "deletion_curve: steps ", steps, " and batch size ", batch_size,
-              " must be positive");
-  steps = std::min(steps, patches);
+  TORCH_CHECK(!counts.empty() && batch_size >= 1, "perturbation_curve: no levels, or batch size ", batch_size);
 
-  // Deletions are cumulative, so each level is the previous one with a few more patches blanked.
+  // Levels are cumulative, so each one is the previous one with a few more patches changed.
+  const auto original = image.to(torch::kCPU, torch::kFloat32);
+  auto current = insert ? torch::zeros_like(original) : original.clone();  // (C, H, W)
   std::vector<torch::Tensor> levels;
-  DeletionCurve curve;
-  auto current = image.to(torch::kCPU, torch::kFloat32).clone();  // (C, H, W)
-  int64_t deleted = 0;
-  for (int64_t i = 0; i <= steps; ++i) {
-    const auto target = static_cast<int64_t>(std::llround(static_cast<double>(i) * patches / steps));
-    for (; deleted < target; ++deleted) {
-      const int64_t p = order[deleted];
-      TORCH_CHECK(p >= 0 && p < patches, "deletion_curve: patch index ", p, " outside [0, ", patches, ")");
-      current.narrow(1, (p / grid_w) * P, P).narrow(2, (p % grid_w) * P, P).zero_();
+  PerturbationCurve curve;
+  int64_t done = 0;
+  for (const int64_t count : counts) {
+    TORCH_CHECK(count >= done && count <= patches, "perturbation_curve: counts must be non-decreasing in [0, ",
+                patches, "], got ", count, " after ", done);
+    for (; done < count; ++done) {
+      const int64_t p = order[done];
+      TORCH_CHECK(p >= 0 && p < patches, "perturbation_curve: patch index ", p, " outside [0, ", patches, ")");
+      auto cell = current.narrow(1, (p / grid_w) * P, P).narrow(2, (p % grid_w) * P, P);
+      if (insert) cell.copy_(original.narrow(1, (p / grid_w) * P, P).narrow(2, (p % grid_w) * P, P));
+      else cell.zero_();
     }
     levels.push_back(current.clone());
-    curve.fractions.push_back(static_cast<double>(target) / patches);
+    curve.fractions.push_back(static_cast<double>(count) / patches);
   }
 
   torch::NoGradGuard no_grad;
@@ -279,14 +333,69 @@ DeletionCurve deletion_curve(VisionTransformer& net, const torch::Tensor& image,
     const size_t end = std::min(levels.size(), start + static_cast<size_t>(batch_size));
     const auto batch = torch::stack(std::vector<torch::Tensor>(levels.begin() + start, levels.begin() + end));
     const auto probs = net->forward(batch.to(device)).softmax(-1).to(torch::kCPU, torch::kFloat64);  // (b, K)
-    TORCH_CHECK(target_class >= 0 && target_class < probs.size(1), "deletion_curve: class ", target_class,
+    TORCH_CHECK(target_class >= 0 && target_class < probs.size(1), "perturbation_curve: class ", target_class,
                 " outside [0, ", probs.size(1), ")");
-    for (int64_t r = 0; r < probs.size(0); ++r) curve.probs.push_back(probs[r][target_class].item<double>());
+    const auto best = probs.argmax(1);
+    for (int64_t r = 0; r < probs.size(0); ++r) {
+      curve.probs.push_back(probs[r][target_class].item<double>());
+      curve.top1.push_back(best[r].item<int64_t>() == target_class ? 1 : 0);
+    }
   }
   for (size_t i = 1; i < curve.probs.size(); ++i) {
     curve.auc += (curve.fractions[i] - curve.fractions[i - 1]) * 0.5 * (curve.probs[i] + curve.probs[i - 1]);
   }
   return curve;
+}
+
+namespace {
+
+std::vector<int64_t> even_counts(int64_t patches, int64_t steps) {
+  TORCH_CHECK(steps >= 1, "deletion/insertion: steps ", steps, " must be positive");
+  steps = std::min(steps, patches);
+  std::vector<int64_t> counts;
+  for (int64_t i = 0; i <= steps; ++i) {
+    counts.push_back(static_cast<int64_t>(std::llround(static_cast<double>(i) * patches / steps)));
+  }
+  return counts;
+}
+
+// 0%, 10%, ..., 90% of the patches, rounded down as Chefer et al.'s int(fraction * size).
+std::vector<int64_t> tenth_counts(int64_t patches) {
+  std::vector<int64_t> counts;
+  for (int64_t i = 0; i < 10; ++i) {
+    counts.push_back(static_cast<int64_t>(std::floor(static_cast<double>(i * patches) / 10.0 + 1e-9)));
+  }
+  return counts;
+}
+
+}  // namespace
+
+DeletionCurve deletion_curve(VisionTransformer& net, const torch::Tensor& image, const std::vector<int64_t>& order,
+                             int64_t target_class, int64_t steps, int64_t batch_size) {
+  return perturbation_curve(net, image, order, even_counts(static_cast<int64_t>(order.size()), steps), target_class,
+                            /*insert=*/false, batch_size);
+}
+
+PerturbationCurve insertion_curve(VisionTransformer& net, const torch::Tensor& image,
+                                  const std::vector<int64_t>& order, int64_t target_class, int64_t steps,
+                                  int64_t batch_size) {
+  return perturbation_curve(net, image, order, even_counts(static_cast<int64_t>(order.size()), steps), target_class,
+                            /*insert=*/true, batch_size);
+}
+
+PerturbationCurve positive_perturbation(VisionTransformer& net, const torch::Tensor& image,
+                                        const std::vector<int64_t>& order, int64_t target_class,
+                                        int64_t batch_size) {
+  return perturbation_curve(net, image, order, tenth_counts(static_cast<int64_t>(order.size())), target_class,
+                            /*insert=*/false, batch_size);
+}
+
+PerturbationCurve negative_perturbation(VisionTransformer& net, const torch::Tensor& image,
+                                        const std::vector<int64_t>& order, int64_t target_class,
+                                        int64_t batch_size) {
+  const std::vector<int64_t> reversed(order.rbegin(), order.rend());
+  return perturbation_curve(net, image, reversed, tenth_counts(static_cast<int64_t>(order.size())), target_class,
+                            /*insert=*/false, batch_size);
 }
 
 }  // namespace vit

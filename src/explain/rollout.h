@@ -1,5 +1,6 @@
-// Attention rollout (Abnar & Zuidema 2020), gradient-weighted rollout and the deletion (faithfulness) curve: the
-// numeric core of `vit export-attention`. Core library: torch only, no OpenCV.
+// Attention rollout (Abnar & Zuidema 2020), gradient-weighted rollout, transformer attribution (Chefer et al. 2021),
+// attention Grad-CAM and the perturbation (faithfulness) curves: the numeric core of `vit export-attention`.
+// Core library: torch only, no OpenCV.
 //
 // Shape key: nh heads, N tokens (prefix + gh*gw), gh/gw patch grid, C/H/W image, K classes.
 //
@@ -11,14 +12,27 @@
 //       is never dropped; ties broken by index)
 //     F = F + I;  F = F / F.sum(-1, keepdim)       (each row sums to 1)
 //     R = F @ R
-//   map = (r R)[p:] for the head's readout r (head_readout below: the class token's row, the mean of the patch rows
-//         without a class token, or a MAP head's pooling attention), reshaped row-major to (gh, gw), divided by its
-//         max (an all-zero map stays zero). Register tokens are prefix tokens: maps cover the patches only.
+//   map = (r R)[p:] for the head's readout r (head_readout below: the class token's row for token pooling, the mean
+//         of the patch rows for average pooling, or a MAP head's pooling attention), reshaped row-major to (gh, gw),
+//         divided by its max (an all-zero map stays zero). Register tokens are prefix tokens: maps cover the
+//         patches only.
 // Gradient rollout for class c (Chefer et al. 2021 / jacobgil's grad_rollout with blocks multiplied in forward
 // order, rows renormalised with keepdim):
 //   G_b = d logit_c / d A_b (the pre-softmax class score; gradients of the same forward pass)
 //   F = mean over all heads of A_b * max(G_b, 0)   (a switched-off head has G_b = 0, so it adds nothing)
 //   then discard, + I, renormalise, R = F @ R and the map exactly as above.
+// Transformer attribution for class c (Chefer, Gur & Wolf, ICCV 2021, "Generic Attention-model Explainability"):
+//   R = I (N, N)
+//   for each block b >= start_layer:  Abar = mean over heads of max(G_b * A_b, 0)   (each head's product clamped,
+//                                                                                    then averaged)
+//                                     R = R + Abar @ R
+//   map = (r R)[p:] / max, as above (no row renormalisation: R keeps the identity's share of every token).
+// Attention Grad-CAM for class c on the last block L (Chefer et al.'s ViT baseline, after Selvaraju et al.):
+//   a_h = r A_L[h], g_h = r G_L[h] (the readout's row of each head's attention and of its gradient, (N))
+//   w_h = mean over the patches of g_h;  map = max(mean over heads of w_h * a_h[p:], 0) / max
+// Raw attention: the last block's readout row, head mean over the heads that are on, / max.
+// Readout r: every method reads the row of the query the head uses (head_readout): a model that pools the patch
+// tokens (global_pool avg) never reads the class token, so its maps use the mean of the patch rows.
 // Everything is computed in float64 and returned as float32.
 #pragma once
 
@@ -49,8 +63,9 @@ torch::Tensor add_identity_and_normalise(const torch::Tensor& fused);
 // Which query the model's head reads, as weights over the N tokens (float64, summing to 1):
 //   global_pool "map": the pooling head's latent query, i.e. its attention over the patches (pool_attention, (nh, 1,
 //     Np) or (nh, Np)), averaged over heads, zero on the prefix tokens;
-//   with a class token (token and avg pooling): the class token (one-hot at 0);
-//   otherwise: the mean of the patch rows.
+//   global_pool "token": the class token (one-hot at 0);
+//   global_pool "avg" (with or without a class token, which the head never reads): the mean of the patch rows,
+//     zero on the prefix tokens, as timm's avg pool leaves them out.
 torch::Tensor head_readout(const ModelConfig& model, const torch::Tensor& pool_attention = {});
 // In words, for summary.json.
 std::string head_readout_name(const ModelConfig& model);
@@ -72,6 +87,18 @@ torch::Tensor attention_rollout(const std::vector<torch::Tensor>& attentions, co
 torch::Tensor gradient_rollout(const std::vector<torch::Tensor>& attentions,
                                const std::vector<torch::Tensor>& gradients, double discard_ratio,
                                int64_t prefix_tokens, int64_t grid_h, int64_t grid_w, const torch::Tensor& readout = {});
+
+// Transformer attribution of one image (formula above): gradients[b] = d(class logit)/d(attentions[b]). Blocks
+// before start_layer are skipped (0 = all). Returns float32 (grid_h, grid_w).
+torch::Tensor transformer_attribution(const std::vector<torch::Tensor>& attentions,
+                                      const std::vector<torch::Tensor>& gradients, int64_t start_layer,
+                                      int64_t prefix_tokens, int64_t grid_h, int64_t grid_w,
+                                      const torch::Tensor& readout = {});
+
+// Attention Grad-CAM of one image on one block (the last, by the method's definition): attention and gradient
+// (nh, N, N). Returns float32 (grid_h, grid_w); all zero when no head's weighted attention is positive.
+torch::Tensor attention_gradcam(const torch::Tensor& attention, const torch::Tensor& gradient, int64_t prefix_tokens,
+                                int64_t grid_h, int64_t grid_w, const torch::Tensor& readout = {});
 
 // Each head's class-token attention of one block as maps: (nh, N, N) -> float32 (nh, grid_h, grid_w), each map
 // divided by its own max (without a class token: the mean attention every patch receives; with a readout, the
@@ -106,16 +133,41 @@ std::vector<int64_t> importance_order(const torch::Tensor& heat);
 // A uniformly random permutation of 0..count-1 from a seeded std::mt19937_64 (reproducible everywhere).
 std::vector<int64_t> random_order(int64_t count, uint64_t seed);
 
-// Deletion curve: the probability of `target_class` as patches are blanked (set to 0 after normalisation, i.e. to
-// the dataset mean) in `order`, at `steps` + 1 evenly spaced deletion counts round(i * P / steps), P patches
-// (steps is capped at P). auc: trapezoidal area under probability over the deleted fraction in [0, 1]; lower
-// means the order found the evidence faster.
-struct DeletionCurve {
-  std::vector<double> fractions;  // deleted fraction of the patches, 0 .. 1
-  std::vector<double> probs;      // probability of the target class after that deletion
+// Perturbation curves: the model's output on copies of the image in which patches are blanked (set to 0 after
+// normalisation, i.e. to the dataset mean) or, for insertion, restored onto an all-blank image, cumulatively in
+// `order`, at given counts of patches. For each level: the probability of `target_class` and whether it is still
+// the arg-max. auc: trapezoidal area under probability over the fraction of patches in [fractions.front(),
+// fractions.back()].
+struct PerturbationCurve {
+  std::vector<double> fractions;  // blanked (or inserted) fraction of the patches at each level
+  std::vector<double> probs;      // probability of the target class at that level
+  std::vector<int> top1;          // 1 where the target class is still the arg-max
   double auc = 0.0;
 };
+using DeletionCurve = PerturbationCurve;
+
+// counts: non-decreasing numbers of patches in [0, P]; insert = false blanks them, true restores them onto a blank
+// image. Checks that order is a permutation prefix of valid patch indices as far as counts reach.
+PerturbationCurve perturbation_curve(VisionTransformer& net, const torch::Tensor& image,
+                                     const std::vector<int64_t>& order, const std::vector<int64_t>& counts,
+                                     int64_t target_class, bool insert, int64_t batch_size = 16);
+
+// Deletion (Petsiuk et al. 2018): `steps` + 1 evenly spaced counts round(i * P / steps) (steps capped at P), patches
+// blanked most important first; lower AUC = the order found the evidence faster.
 DeletionCurve deletion_curve(VisionTransformer& net, const torch::Tensor& image, const std::vector<int64_t>& order,
                              int64_t target_class, int64_t steps, int64_t batch_size = 16);
+// Insertion: the same counts, patches restored onto a blank image most important first; higher AUC is better.
+PerturbationCurve insertion_curve(VisionTransformer& net, const torch::Tensor& image,
+                                  const std::vector<int64_t>& order, int64_t target_class, int64_t steps,
+                                  int64_t batch_size = 16);
+// Chefer et al.'s perturbation test: 0%, 10%, ..., 90% of the patches blanked (counts floor(f * P)) in `order`.
+// Positive perturbation passes the most relevant first (lower AUC is better); negative perturbation passes the
+// reversed order, least relevant first (higher AUC is better).
+PerturbationCurve positive_perturbation(VisionTransformer& net, const torch::Tensor& image,
+                                        const std::vector<int64_t>& order, int64_t target_class,
+                                        int64_t batch_size = 16);
+PerturbationCurve negative_perturbation(VisionTransformer& net, const torch::Tensor& image,
+                                        const std::vector<int64_t>& order, int64_t target_class,
+                                        int64_t batch_size = 16);
 
 }  // namespace vit

@@ -16,9 +16,11 @@ namespace {
 
 const cv::Scalar kBlack(30, 30, 30), kGrid(225, 225, 225), kWhite(255, 255, 255);
 const cv::Scalar kBlue(200, 110, 30), kOrange(20, 130, 240), kGreen(60, 160, 60), kPurple(160, 60, 140);
+const cv::Scalar kRed(50, 50, 200), kGrey(140, 140, 140);
 
-// Line colours in order: the first curve of a panel is blue, then orange, green, purple (and round again).
-const cv::Scalar kCurveColors[] = {kBlue, kOrange, kGreen, kPurple};
+// Line colours in order: the first curve of a panel is blue, then orange, green, purple, red, grey (and round again).
+const cv::Scalar kCurveColors[] = {kBlue, kOrange, kGreen, kPurple, kRed, kGrey};
+constexpr size_t kCurveColorCount = sizeof(kCurveColors) / sizeof(kCurveColors[0]);
 
 std::string format_tick(double v) {
   char text[32];
@@ -33,8 +35,10 @@ std::string format_tick(double v) {
 }
 
 // One chart panel: axes, grid, ticks, series as lines with dots, a legend.
-void draw_panel(cv::Mat& canvas, cv::Rect area, const std::string& title, const std::vector<Curve>& series,
-                const std::vector<cv::Scalar>& colors, int64_t epochs) {
+void draw_panel(cv::Mat& canvas, cv::Rect area, const CurvePanel& panel, const std::vector<cv::Scalar>& colors,
+                int64_t epochs) {
+  const std::string& title = panel.title;
+  const std::vector<Curve>& series = panel.curves;
   const int left = area.x + 60, right = area.x + area.width - 20, top = area.y + 40, bottom = area.y + area.height - 45;
   double lo = INFINITY, hi = -INFINITY;
   for (const auto& s : series) {
@@ -46,8 +50,14 @@ void draw_panel(cv::Mat& canvas, cv::Rect area, const std::string& title, const 
   if (hi - lo < 1e-9) hi = lo + 1;
   const double pad = 0.05 * (hi - lo);
   lo -= pad, hi += pad;
-  const double x_max = std::max<int64_t>(epochs, 2);
-  auto px = [&](double epoch) { return left + static_cast<int>((epoch - 1) / (x_max - 1) * (right - left)); };
+  // Without x coordinates, value i lies at epoch i + 1.
+  const bool has_x = !panel.x.empty();
+  const double x_lo = has_x ? panel.x.front() : 1.0;
+  const double x_hi = has_x ? std::max(panel.x.back(), x_lo + 1e-9) : static_cast<double>(std::max<int64_t>(epochs, 2));
+  auto px = [&](double x) { return left + static_cast<int>((x - x_lo) / (x_hi - x_lo) * (right - left)); };
+  auto x_of = [&](size_t i) {
+    return has_x ? panel.x.at(std::min(i, panel.x.size() - 1)) : static_cast<double>(i + 1);
+  };
   auto py = [&](double v) { return bottom - static_cast<int>((v - lo) / (hi - lo) * (bottom - top)); };
   cv::putText(canvas, title, {area.x + 10, area.y + 25}, cv::FONT_HERSHEY_SIMPLEX, 0.6, kBlack, 1, cv::LINE_AA);
   for (int i = 0; i <= 4; ++i) {
@@ -55,22 +65,30 @@ void draw_panel(cv::Mat& canvas, cv::Rect area, const std::string& title, const 
     cv::line(canvas, {left, py(v)}, {right, py(v)}, kGrid, 1);
     cv::putText(canvas, format_tick(v), {area.x + 5, py(v) + 4}, cv::FONT_HERSHEY_SIMPLEX, 0.4, kBlack, 1, cv::LINE_AA);
   }
-  const int64_t step = std::max<int64_t>(1, epochs / 10);
-  for (int64_t e = 1; e <= epochs; e += step) {
-    cv::putText(canvas, std::to_string(e), {px(static_cast<double>(e)) - 4, bottom + 18}, cv::FONT_HERSHEY_SIMPLEX,
-                0.4, kBlack, 1, cv::LINE_AA);
+  if (has_x) {
+    for (int i = 0; i <= 4; ++i) {
+      const double v = x_lo + (x_hi - x_lo) * i / 4.0;
+      cv::putText(canvas, format_tick(v), {px(v) - 8, bottom + 18}, cv::FONT_HERSHEY_SIMPLEX, 0.4, kBlack, 1,
+                  cv::LINE_AA);
+    }
+  } else {
+    const int64_t step = std::max<int64_t>(1, epochs / 10);
+    for (int64_t e = 1; e <= epochs; e += step) {
+      cv::putText(canvas, std::to_string(e), {px(static_cast<double>(e)) - 4, bottom + 18}, cv::FONT_HERSHEY_SIMPLEX,
+                  0.4, kBlack, 1, cv::LINE_AA);
+    }
   }
-  cv::putText(canvas, "epoch", {(left + right) / 2 - 20, bottom + 38}, cv::FONT_HERSHEY_SIMPLEX, 0.45, kBlack, 1,
-              cv::LINE_AA);
+  cv::putText(canvas, panel.x_label, {(left + right) / 2 - 4 * static_cast<int>(panel.x_label.size()), bottom + 38},
+              cv::FONT_HERSHEY_SIMPLEX, 0.45, kBlack, 1, cv::LINE_AA);
   cv::rectangle(canvas, {left, top}, {right, bottom}, kBlack, 1);
-  int legend_y = top + 16;
+  int legend_y = panel.legend_below ? bottom - 8 - 18 * (static_cast<int>(series.size()) - 1) : top + 16;
   for (size_t c = 0; c < series.size(); ++c) {
     const Curve& s = series[c];
     const cv::Scalar& color = colors[c];
     cv::Point previous(-1, -1);
     for (size_t i = 0; i < s.values.size(); ++i) {
       if (!std::isfinite(s.values[i])) continue;
-      cv::Point point(px(static_cast<double>(i + 1)), py(s.values[i]));
+      cv::Point point(px(x_of(i)), py(s.values[i]));
       if (previous.x >= 0) cv::line(canvas, previous, point, color, 2, cv::LINE_AA);
       cv::circle(canvas, point, 3, color, cv::FILLED, cv::LINE_AA);
       previous = point;
@@ -103,9 +121,10 @@ void plot_curves(const std::string& path, const std::vector<CurvePanel>& panels)
   size_t next_color = 0;
   for (size_t p = 0; p < panels.size(); ++p) {
     std::vector<cv::Scalar> colors;
-    for (size_t c = 0; c < panels[p].curves.size(); ++c) colors.push_back(kCurveColors[next_color++ % 4]);
-    draw_panel(canvas, {static_cast<int>(p) * kPanelWidth, 0, kPanelWidth, kHeight}, panels[p].title,
-               panels[p].curves, colors, epochs);
+    for (size_t c = 0; c < panels[p].curves.size(); ++c) {
+      colors.push_back(kCurveColors[next_color++ % kCurveColorCount]);
+    }
+    draw_panel(canvas, {static_cast<int>(p) * kPanelWidth, 0, kPanelWidth, kHeight}, panels[p], colors, epochs);
   }
   write_image(path, canvas);
 }

@@ -60,8 +60,11 @@ std::string summary_csv(const std::vector<EpochRecord>& history) {
 }
 
 std::vector<CurvePanel> history_curves(const std::vector<EpochRecord>& history) {
-  CurvePanel loss{"loss", {{"train loss", {}}, {"eval loss", {}}}};
-  CurvePanel accuracy{"accuracy", {{"eval top-1 %", {}}, {"eval top-5 %", {}}}};
+  CurvePanel loss, accuracy;  // x: epochs
+  loss.title = "loss";
+  loss.curves = {{"train loss", {}}, {"eval loss", {}}};
+  accuracy.title = "accuracy";
+  accuracy.curves = {{"eval top-1 %", {}}, {"eval top-5 %", {}}};
   for (const auto& r : history) {
     loss.curves[0].values.push_back(r.train_loss);
     loss.curves[1].values.push_back(r.eval_loss);

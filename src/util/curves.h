@@ -12,10 +12,13 @@ struct Curve {
   std::vector<double> values;
 };
 
-// One titled panel of curves sharing an axis.
+// One titled panel of curves sharing an axis: values[i] lies at x[i] when x is given, else at epoch i + 1.
 struct CurvePanel {
   std::string title;
   std::vector<Curve> curves;
+  std::vector<double> x;             // shared x coordinates (increasing); empty = epochs 1..N
+  std::string x_label = "epoch";
+  bool legend_below = false;         // legend in the lower right corner instead of the upper right
 };
 
 }  // namespace vit
