@@ -57,11 +57,11 @@ int run_evaluate(const EvaluateOptions& options) {
   }
   config->model = model.model;
   config->data.preprocess = model.preprocess;  // score with the preprocessing the model was trained with
-  ImageDecoder decoder;
+  std::shared_ptr<const ImageCodec> codec;
 #if VIT_WITH_OPENCV
-  decoder = [](const std::string& path) { return decode_image(path); };
+  codec = image_codec();
 #endif
-  const auto splits = open_datasets(config->data, config->train.seed, decoder);
+  const auto splits = open_datasets(config->data, config->train.seed, codec);
   const auto dataset = options.split == "val" ? splits.val : splits.test;
   if (dataset->class_names().size() != model.class_names.size()) {
     throw std::invalid_argument(model.path + ": model has " + std::to_string(model.class_names.size()) +

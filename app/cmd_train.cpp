@@ -42,7 +42,7 @@ int run_train(const TrainOptions& options) {
   request.init_from = options.init_from;
   TrainHooks hooks;
 #if VIT_WITH_OPENCV
-  hooks.decoder = [](const std::string& path) { return decode_image(path); };
+  hooks.codec = image_codec();
   hooks.make_randaugment = [](int64_t ops, double magnitude) { return make_randaugment(ops, magnitude); };
   hooks.plot_curves = [](const std::string& path, const std::vector<CurvePanel>& panels) { plot_curves(path, panels); };
 #endif

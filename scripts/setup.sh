@@ -20,7 +20,7 @@ torch_version=${VIT_TORCH_VERSION:-2.14.1}
 
 packages=(cmake g++ make pkg-config libopenblas0-openmp libopencv-dev libcli11-dev libspdlog-dev
           nlohmann-json3-dev libgtest-dev googletest zlib1g-dev dataset-fashion-mnist libgloo-dev
-          python3 python3-numpy libprotobuf-dev protobuf-compiler libonnx-dev)
+          python3 python3-numpy libprotobuf-dev protobuf-compiler libonnx-dev libarchive-dev libjpeg-dev)
 # Test-only extras: Chromium renders the attention gallery page; Debian's PyTorch is the speed baseline; the
 # reference libraries (timm, transformers, onnx, onnxruntime) come from PyPI into the project's virtual environment.
 extras=0

@@ -1,10 +1,17 @@
 // Image decoding through OpenCV (src/image/decode.h): channels and bit depths in RGB order, a reference image read
-// independently, and broken files failing with one line that names the file.
+// independently, and broken files failing with one line that names the file; JPEG windows at reduced scale against
+// whole decodes, and the training transform's reduced decoding against full decoding.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
 
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <torch/torch.h>
 
+#include "data/augment.h"
 #include "image/decode.h"
 #include "test_util.h"
 
@@ -109,6 +116,146 @@ TEST(DecodeFormats, ChelseaReferenceImage) {
   EXPECT_EQ(sums[0], 151744);
   EXPECT_EQ(sums[1], 110825);
   EXPECT_EQ(sums[2], 80230);
+}
+
+// A photo-like JPEG: smooth colour gradients, a few soft shapes and mild noise, 4:2:0 at quality 90.
+std::string photo_jpeg(int rows, int cols, uint64_t seed, bool grey = false) {
+  cv::Mat image(rows, cols, CV_8UC3);
+  for (int y = 0; y < rows; ++y) {
+    for (int x = 0; x < cols; ++x) {
+      image.at<cv::Vec3b>(y, x) = cv::Vec3b(static_cast<uint8_t>(255 * x / cols), static_cast<uint8_t>(255 * y / rows),
+                                            static_cast<uint8_t>(128 + 100 * std::sin((x + y) * 0.01 + seed)));
+    }
+  }
+  cv::RNG rng(seed);
+  for (int i = 0; i < 6; ++i) {
+    cv::ellipse(image, cv::Point(rng.uniform(0, cols), rng.uniform(0, rows)),
+                cv::Size(rng.uniform(10, cols / 3), rng.uniform(10, rows / 3)), rng.uniform(0, 180), 0, 360,
+                cv::Scalar(rng.uniform(0, 256), rng.uniform(0, 256), rng.uniform(0, 256)), cv::FILLED);
+  }
+  cv::GaussianBlur(image, image, cv::Size(0, 0), 3);
+  cv::Mat noise(rows, cols, CV_8UC3);
+  rng.fill(noise, cv::RNG::NORMAL, 0, 6);
+  image += noise;
+  if (grey) cv::cvtColor(image, image, cv::COLOR_BGR2GRAY);
+  std::vector<uint8_t> bytes;
+  cv::imencode(".jpg", image, bytes, {cv::IMWRITE_JPEG_QUALITY, 90});
+  return {bytes.begin(), bytes.end()};
+}
+
+// Largest and mean absolute difference of two images of one size.
+std::pair<int, double> pixel_diff(const RawImage& a, const RawImage& b) {
+  EXPECT_EQ(a.height, b.height);
+  EXPECT_EQ(a.width, b.width);
+  EXPECT_EQ(a.channels, b.channels);
+  if (a.pixels.size() != b.pixels.size()) return {255, 255.0};
+  int largest = 0;
+  double sum = 0;
+  for (size_t i = 0; i < a.pixels.size(); ++i) {
+    const int d = std::abs(int{a.pixels[i]} - int{b.pixels[i]});
+    largest = std::max(largest, d);
+    sum += d;
+  }
+  return {largest, sum / static_cast<double>(a.pixels.size())};
+}
+
+TEST(JpegWindow, FullScaleWindowsMatchTheWholeDecode) {
+  for (const bool grey : {false, true}) {
+    const std::string jpeg = photo_jpeg(375, 500, 3, grey);
+    const auto size = jpeg_size(jpeg);
+    ASSERT_TRUE(size);
+    EXPECT_EQ(size->height, 375);
+    EXPECT_EQ(size->width, 500);
+    EXPECT_EQ(size->channels, grey ? 1 : 3);
+    const RawImage whole = decode_image_bytes(jpeg, "photo.jpg");
+    for (const ImageWindow window : {ImageWindow{0, 0, 375, 500}, ImageWindow{37, 101, 200, 150},
+                                     ImageWindow{200, 3, 175, 497}, ImageWindow{1, 490, 9, 10}}) {
+      const RawImage part = decode_jpeg_window(jpeg, "photo.jpg", window, 1);
+      const auto [largest, mean] =
+          pixel_diff(part, crop_image(whole, window.top, window.left, window.height, window.width));
+      std::cout << (grey ? "grey" : "colour") << " window " << window.height << "x" << window.width << " at ("
+                << window.top << ", " << window.left << "): max |d| " << largest << ", mean " << mean << "\n";
+      // libjpeg's smooth chroma upsampling reads one neighbouring column outside a cropped window differently.
+      EXPECT_LE(largest, 3);
+      EXPECT_LT(mean, 0.05);
+    }
+  }
+}
+
+TEST(JpegWindow, ReducedScalesMatchLibjpegsScaledWholeDecode) {
+  const std::string jpeg = photo_jpeg(1500, 2000, 5);
+  const cv::Mat encoded(1, static_cast<int>(jpeg.size()), CV_8UC1, const_cast<char*>(jpeg.data()));
+  for (const int scale : {2, 4, 8}) {
+    const int flag = scale == 2 ? cv::IMREAD_REDUCED_COLOR_2 : scale == 4 ? cv::IMREAD_REDUCED_COLOR_4
+                                                                          : cv::IMREAD_REDUCED_COLOR_8;
+    cv::Mat reduced = cv::imdecode(encoded, flag);
+    cv::cvtColor(reduced, reduced, cv::COLOR_BGR2RGB);
+    RawImage whole{reduced.rows, reduced.cols, 3, std::vector<uint8_t>(reduced.data, reduced.data + reduced.total() * 3)};
+    EXPECT_EQ(whole.height, (1500 + scale - 1) / scale);
+    const ImageWindow window{333, 517, 801, 1203};
+    const RawImage part = decode_jpeg_window(jpeg, "big.jpg", window, scale);
+    // Rows [floor(333/s), ceil(1134/s)), columns [floor(517/s), ceil(1720/s)).
+    const int top = 333 / scale, left = 517 / scale;
+    const int bottom = (1134 + scale - 1) / scale, right = (1720 + scale - 1) / scale;
+    ASSERT_EQ(part.height, bottom - top);
+    ASSERT_EQ(part.width, right - left);
+    const auto [largest, mean] = pixel_diff(part, crop_image(whole, top, left, bottom - top, right - left));
+    std::cout << "scale 1/" << scale << ": window " << part.height << "x" << part.width << ", max |d| " << largest
+              << ", mean " << mean << "\n";
+    EXPECT_LE(largest, 3);
+    EXPECT_LT(mean, 0.05);
+  }
+  EXPECT_NE(error_of([&] { decode_jpeg_window(jpeg, "big.jpg", {1400, 0, 200, 10}, 2); }).find("big.jpg: window"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { decode_jpeg_window(jpeg.substr(0, jpeg.size() / 2), "cut.jpg", {0, 0, 8, 8}, 2); })
+                .find("cut.jpg: truncated JPEG"),
+            std::string::npos);
+  EXPECT_FALSE(jpeg_size("\x89PNG\r\n\x1A\n...."));
+}
+
+TEST(ReducedDecode, ChoosesTheLargestReductionThatCoversTheOutput) {
+  EXPECT_EQ(reduced_decode_scale(1500, 2000, 224, 224), 4);  // 1500 / 8 = 187 < 224
+  EXPECT_EQ(reduced_decode_scale(1792, 1800, 224, 224), 8);
+  EXPECT_EQ(reduced_decode_scale(1791, 1800, 224, 224), 4);
+  EXPECT_EQ(reduced_decode_scale(448, 900, 224, 224), 2);
+  EXPECT_EQ(reduced_decode_scale(447, 900, 224, 224), 1);
+  EXPECT_EQ(reduced_decode_scale(375, 500, 224, 224), 1);
+}
+
+TEST(ReducedDecode, AugmentedBatchesMatchFullDecoding) {
+  // The training transform on 2000x1500 JPEGs with and without reduced decoding: the same crops (the same RNG draws
+  // on the same size), decoded at 1/2..1/8 or whole, then resized to 64x64. Per-image statistics agree closely.
+  DataConfig data;
+  data.preprocess.interpolation = Interpolation::bilinear;
+  data.augment.random_resized_crop = true;
+  data.augment.hflip = 0.5;
+  const ModelConfig model = test::input_model(64, 64, 3);
+  data.reduced_decode = true;
+  const SampleTransform reduced = make_train_transform(data, model);
+  data.reduced_decode = false;
+  const SampleTransform full = make_train_transform(data, model);
+  const auto codec = image_codec();
+  std::vector<torch::Tensor> a, b;
+  for (uint64_t i = 0; i < 6; ++i) {
+    const std::string jpeg = photo_jpeg(1500, 2000, 10 + i);
+    for (uint64_t draw = 0; draw < 4; ++draw) {
+      std::mt19937_64 rng_a(100 * i + draw), rng_b(100 * i + draw);
+      a.push_back(reduced(ImageInput(jpeg, "p.jpg", codec), rng_a));
+      b.push_back(full(ImageInput(jpeg, "p.jpg", codec), rng_b));
+    }
+  }
+  const torch::Tensor x = torch::stack(a), y = torch::stack(b);  // (24, 3, 64, 64), normalised
+  const double mean_diff = (x.mean() - y.mean()).abs().item<double>();
+  const double std_ratio = (x.std() / y.std()).item<double>();
+  const double pixel = (x - y).abs().mean().item<double>();
+  std::cout << "reduced vs full decoding over 24 crops: |mean diff| " << mean_diff << ", std ratio " << std_ratio
+            << ", mean |pixel diff| " << pixel << " (normalised units)\n";
+  EXPECT_LT(mean_diff, 0.01);
+  EXPECT_NEAR(std_ratio, 1.0, 0.02);
+  EXPECT_LT(pixel, 0.05);  // the same crops: only resampling differs
+  // Per-channel means of each crop agree too.
+  const torch::Tensor per_crop = (x.mean({2, 3}) - y.mean({2, 3})).abs().max();
+  EXPECT_LT(per_crop.item<double>(), 0.03);
 }
 
 }  // namespace

@@ -312,7 +312,8 @@ class IndexDataset : public Dataset {
   std::vector<std::string> names_ = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};
 };
 
-torch::Tensor as_pixel(RawImage image, std::mt19937_64&) {
+torch::Tensor as_pixel(ImageInput input, std::mt19937_64&) {
+  const RawImage image = std::move(input).decode();
   return torch::full({1, 1, 1}, static_cast<float>(image.pixels[0]));
 }
 

@@ -44,7 +44,7 @@ TEST(FolderDataset, ClassesAreSortedSubfolders) {
   }
   write_bytes(dir / "train/ant/notes.txt", "not an image");
   write_png(dir / "train/.hidden/e.png", 50);
-  const Splits splits = open_datasets(dataset_config("folder", dir.path()), 0, decode_image);
+  const Splits splits = open_datasets(dataset_config("folder", dir.path()), 0, image_codec());
   EXPECT_EQ(splits.train->class_names(), (std::vector<std::string>{"ant", "mid", "zebra"}));
   ASSERT_EQ(splits.train->size(), 4);
   EXPECT_EQ(splits.val->size(), 4);
@@ -64,7 +64,7 @@ TEST(FolderDataset, EmptyClassFolderIsAnError) {
   write_png(dir / "train/cat/a.png", 1);
   stdfs::create_directories(dir / "train/dog");
   write_png(dir / "val/cat/a.png", 1);
-  const std::string message = error_of([&] { open_datasets(dataset_config("folder", dir.path()), 0, decode_image); });
+  const std::string message = error_of([&] { open_datasets(dataset_config("folder", dir.path()), 0, image_codec()); });
   EXPECT_NE(message.find(dir / "train/dog"), std::string::npos) << message;
   EXPECT_NE(message.find("no images"), std::string::npos) << message;
 }
@@ -75,7 +75,7 @@ TEST(FolderDataset, ValClassesMustMatchTrain) {
   write_png(dir / "train/dog/a.png", 1);
   write_png(dir / "val/cat/a.png", 1);
   write_png(dir / "val/cow/a.png", 1);
-  const std::string message = error_of([&] { open_datasets(dataset_config("folder", dir.path()), 0, decode_image); });
+  const std::string message = error_of([&] { open_datasets(dataset_config("folder", dir.path()), 0, image_codec()); });
   EXPECT_NE(message.find(dir / "val"), std::string::npos) << message;
   EXPECT_NE(message.find("[cat, cow]"), std::string::npos) << message;
   EXPECT_NE(message.find("[cat, dog]"), std::string::npos) << message;
@@ -89,8 +89,8 @@ TEST(FolderDataset, ValFractionSplitIsDeterministicAndDisjoint) {
   }
   DataConfig config = dataset_config("folder", dir.path());
   config.val_fraction = 0.25;
-  const Splits a = open_datasets(config, 3, decode_image);
-  const Splits b = open_datasets(config, 3, decode_image);
+  const Splits a = open_datasets(config, 3, image_codec());
+  const Splits b = open_datasets(config, 3, image_codec());
   ASSERT_EQ(a.train->size(), 15);
   ASSERT_EQ(a.val->size(), 5);
   EXPECT_EQ(a.test, a.val);  // no val folder: the held-out part is also the test set
@@ -108,7 +108,7 @@ TEST(FolderDataset, LoaderSkipsACorruptImage) {
   for (int i = 0; i < 6; ++i) write_png(dir / ("train/a/" + std::to_string(i) + ".png"), i);
   write_bytes(dir / "train/a/3.png", "corrupt");
   write_png(dir / "val/a/0.png", 0);
-  const Splits splits = open_datasets(dataset_config("folder", dir.path()), 0, decode_image);
+  const Splits splits = open_datasets(dataset_config("folder", dir.path()), 0, image_codec());
   DataConfig data;
   const ModelConfig model = test::input_model(4, 4, 3);
   LoaderOptions options;
@@ -149,7 +149,7 @@ TEST(CsvDataset, NamedLabelsWithHeader) {
   config.format = DataFormat::csv;
   config.train_csv = dir / "train.csv";
   config.val_csv = dir / "val.csv";
-  const Splits splits = open_datasets(config, 0, decode_image);
+  const Splits splits = open_datasets(config, 0, image_codec());
   EXPECT_EQ(splits.train->class_names(), (std::vector<std::string>{"cat", "dog"}));
   ASSERT_EQ(splits.train->size(), 3);
   EXPECT_EQ(splits.train->label(0), 1);
@@ -170,17 +170,17 @@ TEST(CsvDataset, IntegerLabelsAndUnknownLabels) {
   config.format = DataFormat::csv;
   config.train_csv = dir / "train.csv";
   config.val_csv = dir / "val.csv";
-  std::string message = error_of([&] { open_datasets(config, 0, decode_image); });
+  std::string message = error_of([&] { open_datasets(config, 0, image_codec()); });
   EXPECT_NE(message.find(dir / "val.csv" + ":2: unknown label \"7\""), std::string::npos) << message;
 
   write_bytes(dir / "val.csv", "a.png,2\n");
-  const Splits splits = open_datasets(config, 0, decode_image);
+  const Splits splits = open_datasets(config, 0, image_codec());
   EXPECT_EQ(splits.train->class_names(), (std::vector<std::string>{"0", "1", "2", "3"}));
   EXPECT_EQ(splits.val->label(0), 2);
 
   write_bytes(dir / "train.csv", "a.png,cat\n");
   write_bytes(dir / "val.csv", "path,label\na.png,cat\na.png,unicorn\n");
-  message = error_of([&] { open_datasets(config, 0, decode_image); });
+  message = error_of([&] { open_datasets(config, 0, image_codec()); });
   EXPECT_NE(message.find(dir / "val.csv" + ":3: unknown label \"unicorn\""), std::string::npos) << message;
 }
 

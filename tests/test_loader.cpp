@@ -43,7 +43,8 @@ class CountingDataset : public Dataset {
 };
 
 // (2, 1, 1): the decoded index, and one draw from the per-sample RNG (shows the RNG is tied to the position).
-torch::Tensor index_and_draw(RawImage image, std::mt19937_64& rng) {
+torch::Tensor index_and_draw(ImageInput input, std::mt19937_64& rng) {
+  const RawImage image = std::move(input).decode();
   torch::Tensor out = torch::empty({2, 1, 1});
   out[0][0][0] = static_cast<float>(image.pixels[0] + 256 * image.pixels[1]);
   out[1][0][0] = static_cast<float>(uniform01(rng));
@@ -258,7 +259,7 @@ TEST(LoaderThreads, WorkersRunTorchOnOneIntraOpThread) {
   at::set_num_threads(4);
   auto dataset = std::make_shared<CountingDataset>(8);
   std::atomic<int> worker_threads{0};
-  const SampleTransform resize = [&](RawImage, std::mt19937_64&) {
+  const SampleTransform resize = [&](ImageInput, std::mt19937_64&) {
     worker_threads = std::max(worker_threads.load(), at::get_num_threads());
     const RawImage big{300, 300, 3, std::vector<uint8_t>(300 * 300 * 3, 9)};
     return preprocess(big, Preprocess{}, 224, 224, 3);

@@ -207,25 +207,6 @@ TEST(TrainRun, WritesRunDirectoryAndLearns) {
   EXPECT_EQ(model.class_names, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}));
 }
 
-// Runs `vit train`, killing it with `signal` as soon as its first resume state exists.
-int train_and_kill(const std::string& arguments, const std::string& state_path, int signal) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const std::string command = std::string("exec '") + VIT_BINARY + "' " + arguments + " >/dev/null 2>&1";
-    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  // Wait until a resume state exists and the run is some way further, then kill.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!fs::exists(state_path) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  kill(pid, signal);  // mid-epoch: the first state is written at step 5 of 64
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return status;
-}
-
 class TrainResume : public ::testing::TestWithParam<int> {};
 
 TEST_P(TrainResume, ResumedRunEndsBitIdenticalToStraightRun) {
@@ -237,7 +218,7 @@ TEST_P(TrainResume, ResumedRunEndsBitIdenticalToStraightRun) {
 
   const int signal = GetParam();
   const std::string interrupted = dir.file("interrupted");
-  const int status = train_and_kill("train --config '" + config + "' --out '" + interrupted + "'",
+  const int status = test::run_vit_and_kill("train --config '" + config + "' --out '" + interrupted + "'",
                                     interrupted + "/state.safetensors", signal);
   if (signal == SIGKILL) {
     EXPECT_TRUE(WIFSIGNALED(status));

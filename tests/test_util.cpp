@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -48,6 +50,24 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 }
 
 std::string quoted(const std::string& text) { return "'" + text + "'"; }
+
+int run_vit_and_kill(const std::string& arguments, const std::string& wait_for, int signal) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string command = std::string("exec '") + VIT_BINARY + "' " + arguments + " >/dev/null 2>&1";
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait until a resume state exists and the run is some way further, then kill.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!std::filesystem::exists(wait_for) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, signal);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
 
 CommandResult run_vit(const std::string& arguments) {
   TempDir scratch;

@@ -88,6 +88,9 @@ struct CommandResult {
 };
 // Runs `vit <arguments>` (arguments are passed to /bin/sh, quote as needed).
 CommandResult run_vit(const std::string& arguments);
+// Runs `vit ARGUMENTS`, sends it `signal` as soon as `wait_for` exists (a run's first resume state), and returns
+// its wait status.
+int run_vit_and_kill(const std::string& arguments, const std::string& wait_for, int signal);
 
 // The reference Python: the project's virtual environment (.venv/ or $VIT_VENV, made by scripts/setup.sh with
 // VIT_SETUP_TEST_EXTRAS=1, which installs timm, transformers, onnx and onnxruntime from PyPI), or $VIT_TEST_PYTHON.

@@ -313,8 +313,9 @@ template <typename D, typename Visitor>
 void visit_data(D& d, Visitor& v) {
   visit_preprocess(d.preprocess, v);  // mean/std/interpolation/crop_pct/crop_mode sit directly under "data"
   VIT_VISIT_FIELDS(v, d,
-                   format, root, train_dir, val_dir, test_dir, train_csv, val_csv, test_csv, val_fraction,
-                   train_subset, val_subset, classes, train_per_class, num_workers, prefetch_batches, on_bad_image);
+                   format, root, train_dir, val_dir, test_dir, train_csv, val_csv, test_csv, train_shards, val_shards,
+                   test_shards, shuffle_buffer, label_field, val_fraction, train_subset, val_subset, classes,
+                   train_per_class, num_workers, prefetch_batches, reduced_decode, on_bad_image);
   v.section("augment", d.augment, [](auto& a, auto& sub) { visit_augment(a, sub); });
 }
 
@@ -459,6 +460,8 @@ void validate_data(const DataConfig& d, const std::string& source) {
   check(d.num_workers >= 0, source, "data.num_workers", std::to_string(d.num_workers) + " must be >= 0");
   check(d.prefetch_batches >= 1, source, "data.prefetch_batches",
         std::to_string(d.prefetch_batches) + " must be >= 1");
+  check(d.shuffle_buffer >= 0, source, "data.shuffle_buffer", std::to_string(d.shuffle_buffer) + " must be >= 0");
+  check(!d.label_field.empty(), source, "data.label_field", "must not be empty");
 }
 
 void validate_train(const TrainConfig& t, const std::string& source) {

@@ -21,8 +21,8 @@ VIT_ENUM_NAMES(Interpolation, "bilinear", "bicubic");
 // size / crop_pct); squash resizes both sides to size / crop_pct (Hugging Face's ViTImageProcessor, timm's 384 models).
 enum class CropMode { center, squash };
 VIT_ENUM_NAMES(CropMode, "center", "squash");
-enum class DataFormat { folder, csv, mnist, fashion_mnist, cifar10, cifar100 };
-VIT_ENUM_NAMES(DataFormat, "folder", "csv", "mnist", "fashion_mnist", "cifar10", "cifar100");
+enum class DataFormat { folder, csv, mnist, fashion_mnist, cifar10, cifar100, wds };
+VIT_ENUM_NAMES(DataFormat, "folder", "csv", "mnist", "fashion_mnist", "cifar10", "cifar100", "wds");
 // What a dataset image that cannot be decoded does: stop the run, or leave it out (and list it at the end).
 enum class BadImagePolicy { fail, skip };
 VIT_ENUM_NAMES(BadImagePolicy, "fail", "skip");
@@ -61,7 +61,7 @@ struct AugmentConfig {
 
 struct DataConfig {
   Preprocess preprocess;        // keys mean/std/interpolation/crop_pct/crop_mode live directly under "data"
-  DataFormat format = DataFormat::fashion_mnist;  // folder | csv | mnist | fashion_mnist | cifar10 | cifar100
+  DataFormat format = DataFormat::fashion_mnist;  // folder | csv | mnist | fashion_mnist | cifar10 | cifar100 | wds
   std::string root;             // dataset root (default for mnist-like: Debian's install location)
   std::string train_dir;        // folder: training root (default root/train, or root with val_fraction)
   std::string val_dir;          // folder: validation root (default root/val)
@@ -69,6 +69,13 @@ struct DataConfig {
   std::string train_csv;        // csv: path,label list for training
   std::string val_csv;          // csv: list for validation
   std::string test_csv;         // csv: list for test (default = val)
+  // wds: WebDataset tar shards, as a brace pattern ("train-{000000..000146}.tar"), several joined by "::", or a text
+  // file listing one shard (or pattern) per line, relative to the file's folder.
+  std::string train_shards;     // wds: training shards
+  std::string val_shards;       // wds: validation shards
+  std::string test_shards;      // wds: test shards (default = val)
+  int64_t shuffle_buffer = 1000;  // wds: samples in the shuffle buffer after the per-epoch shard shuffle (<= 1 = off)
+  std::string label_field = "label";  // wds: the .json member's field holding the label, for samples without .cls
   double val_fraction = 0.0;    // > 0: split the training set deterministically by seed
   int64_t train_subset = 0;     // > 0: use only the first N training samples (after shuffling by seed)
   int64_t val_subset = 0;       // > 0: evaluate on only the first N validation samples
@@ -78,6 +85,9 @@ struct DataConfig {
   int64_t train_per_class = 0;  // > 0: keep at most N training samples per class (chosen by seed, after val_fraction)
   int64_t num_workers = 2;      // background decode/augment threads
   int64_t prefetch_batches = 4; // bounded queue length
+  // Training on JPEGs with random_resized_crop (and no RandAugment): decode only the crop's window, at 1/2, 1/4 or
+  // 1/8 scale when the crop stays at or above the model size (libjpeg's DCT scaling). Evaluation never does.
+  bool reduced_decode = true;   // false: decode every training image whole, at full size
   BadImagePolicy on_bad_image = BadImagePolicy::fail;  // fail | skip
   AugmentConfig augment;
 };

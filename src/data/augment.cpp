@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 
 #include <torch/torch.h>
@@ -87,18 +88,56 @@ struct TrainPlan {
   AugmentConfig augment;
   Normalizer normalizer;
   RawAugment raw_augment;
+  bool reduced_decode;
 };
 
-torch::Tensor train_transform(const TrainPlan& plan, RawImage image, std::mt19937_64& rng) {
-  check_image(image, "train transform");
+}  // namespace
+
+int reduced_decode_scale(int64_t crop_h, int64_t crop_w, int64_t out_h, int64_t out_w) {
+  for (int scale : {8, 4, 2}) {
+    if (crop_h >= scale * out_h && crop_w >= scale * out_w) return scale;
+  }
+  return 1;
+}
+
+namespace {
+
+// The random resized crop of an encoded file, decoding only the crop's window at the largest DCT reduction that
+// keeps it at or above the output size. Draws the same window as the decoded path (the same RNG calls, on the
+// header's size). Empty when the codec cannot window this file.
+std::optional<RawImage> decode_crop(const TrainPlan& plan, const ImageInput& input, std::mt19937_64& rng) {
+  const ImageCodec& codec = *input.codec;
+  if (!codec.peek || !codec.decode_window) return std::nullopt;
+  const std::optional<ImageSize> size = codec.peek(input.bytes);
+  if (!size) return std::nullopt;
+  const AugmentConfig& augment = plan.augment;
+  const Window window = random_resized_crop_window(rng, size->height, size->width, augment.scale, augment.ratio);
+  const int scale = reduced_decode_scale(window.height, window.width, plan.height, plan.width);
+  RawImage image =
+      codec.decode_window(input.bytes, input.name, {window.top, window.left, window.height, window.width}, scale);
+  check_image(image, input.name);
+  return image;
+}
+
+torch::Tensor train_transform(const TrainPlan& plan, ImageInput input, std::mt19937_64& rng) {
   const int64_t H = plan.height, W = plan.width, C = plan.channels;
   const AugmentConfig& augment = plan.augment;
+  const bool raw_augment = plan.raw_augment && augment.randaugment_ops > 0;
+  // RandAugment works on the whole image before the crop, so it needs the whole image decoded.
+  std::optional<RawImage> crop;
+  if (plan.reduced_decode && augment.random_resized_crop && !raw_augment && input.encoded()) {
+    crop = decode_crop(plan, input, rng);
+  }
+  RawImage image = crop ? std::move(*crop) : std::move(input).decode();
+  check_image(image, "train transform");
   if (image.channels != C) image = convert_channels(image, C);
-  if (plan.raw_augment && augment.randaugment_ops > 0) plan.raw_augment(image, rng);
+  if (raw_augment) plan.raw_augment(image, rng);
 
   // Geometry: afterwards output pixel (y, x) reads image pixel (y + offset_y, x + offset_x), zero outside.
   int64_t offset_y = 0, offset_x = 0;
-  if (augment.random_resized_crop) {
+  if (crop) {
+    if (image.height != H || image.width != W) image = resize_image(image, H, W, plan.interpolation);
+  } else if (augment.random_resized_crop) {
     const Window window = random_resized_crop_window(rng, image.height, image.width, augment.scale, augment.ratio);
     if (window.height == H && window.width == W) {
       offset_y = window.top;
@@ -181,8 +220,8 @@ SampleTransform make_eval_transform(const DataConfig& data, const ModelConfig& m
   auto normalizer = std::make_shared<const Normalizer>(data.preprocess, model.in_chans);  // validates mean/std
   const Preprocess preprocess_config = data.preprocess;
   const int64_t height = model.img_h, width = model.img_w;
-  return [normalizer, preprocess_config, height, width](RawImage image, std::mt19937_64&) {
-    return preprocess(image, preprocess_config, *normalizer, height, width);
+  return [normalizer, preprocess_config, height, width](ImageInput input, std::mt19937_64&) {
+    return preprocess(std::move(input).decode(), preprocess_config, *normalizer, height, width);
   };
 }
 
@@ -201,8 +240,8 @@ SampleTransform make_train_transform(const DataConfig& data, const ModelConfig& 
   auto plan = std::make_shared<const TrainPlan>(TrainPlan{model.img_h, model.img_w, model.in_chans,
                                                           data.preprocess.interpolation, augment,
                                                           Normalizer(data.preprocess, model.in_chans),
-                                                          std::move(raw_augment)});
-  return [plan](RawImage image, std::mt19937_64& rng) { return train_transform(*plan, std::move(image), rng); };
+                                                          std::move(raw_augment), data.reduced_decode});
+  return [plan](ImageInput input, std::mt19937_64& rng) { return train_transform(*plan, std::move(input), rng); };
 }
 
 MixParams sample_cutmix_box(std::mt19937_64& rng, double lambda, int64_t height, int64_t width) {

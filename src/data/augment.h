@@ -24,12 +24,18 @@ double sample_beta(std::mt19937_64& rng, double a, double b);
 // The evaluation transform: preprocess(image, data.preprocess, img_h, img_w, in_chans); ignores the RNG.
 SampleTransform make_eval_transform(const DataConfig& data, const ModelConfig& model);
 
-// Training: convert channels -> raw_augment (when given and randaugment_ops > 0) -> random resized crop to the
+// Training: [reduced decoding] -> convert channels -> raw_augment (when given and randaugment_ops > 0) -> random resized crop to the
 // model size (torchvision: 10 attempts, then a centre crop clamped to the ratio range), or plain resize to the model
 // size (when sizes differ) then pad_crop (zero pad, random crop) -> horizontal flip with probability hflip ->
 // normalise with the shared mean/std -> random erasing with probability random_erasing (timm: area 0.02..1/3,
 // log aspect ratio in [log 0.3, log 3.3], per-pixel N(0, 1) noise). Output (C, H, W) float32.
+// With data.reduced_decode, random_resized_crop and no RandAugment, an encoded input whose codec can window it (a
+// JPEG) has its crop window drawn on the header's size (the same draws as above) and only that window decoded, at
+// reduced_decode_scale(); the window is then resized to the model size. Evaluation transforms decode whole images.
 SampleTransform make_train_transform(const DataConfig& data, const ModelConfig& model, RawAugment raw_augment = {});
+
+// The largest DCT reduction (8, 4, 2, else 1) at which a crop_h x crop_w crop still covers out_h x out_w.
+int reduced_decode_scale(int64_t crop_h, int64_t crop_w, int64_t out_h, int64_t out_w);
 
 // Where and how a batch was mixed (exposed for tests).
 struct MixParams {

@@ -1,5 +1,5 @@
 // Dataset formats, splits and subsets. Packed formats (IDX, CIFAR) are read once into memory; folder and CSV
-// datasets hold paths and decode on demand through the injected decoder.
+// datasets hold paths and decode on demand through the injected codec.
 #include "data/dataset.h"
 
 #include <zlib.h>
@@ -16,7 +16,9 @@
 #include <stdexcept>
 #include <utility>
 
+#include "data/shards.h"
 #include "util/fs.h"
+#include "vit/build_config.h"
 
 namespace vit {
 namespace stdfs = std::filesystem;
@@ -108,29 +110,34 @@ class InMemoryDataset final : public Dataset {
   }
 };
 
+// Runs `work`; its errors name the file (codecs name it already; anything else gets it prefixed).
+template <typename Work>
+auto with_path(const std::string& path, Work work) {
+  try {
+    return work();
+  } catch (const std::exception& error) {
+    const std::string message = error.what();
+    if (message.rfind(path, 0) == 0) throw;
+    throw std::runtime_error(path + ": " + message);
+  }
+}
+
 // Image files on disk with their labels, decoded on demand.
 class FileListDataset final : public Dataset {
  public:
   FileListDataset(std::vector<std::string> paths, std::vector<int64_t> labels, std::vector<std::string> names,
-                  ImageDecoder decoder)
-      : paths_(std::move(paths)), labels_(std::move(labels)), names_(std::move(names)), decoder_(std::move(decoder)) {}
+                  std::shared_ptr<const ImageCodec> codec)
+      : paths_(std::move(paths)), labels_(std::move(labels)), names_(std::move(names)), codec_(std::move(codec)) {}
 
   int64_t size() const override { return static_cast<int64_t>(paths_.size()); }
   Sample get(int64_t index) const override {
+    InputSample input = get_input(index);
+    return {with_path(paths_[index], [&] { return std::move(input.input).decode(); }), input.label};
+  }
+  InputSample get_input(int64_t index) const override {
     check_index(index);
     const std::string& path = paths_[index];
-    Sample sample;
-    try {
-      sample.image = decoder_(path);
-      check_image(sample.image, path);
-    } catch (const std::exception& error) {
-      // Decoders name the file already; anything else gets it prefixed so the message stands on its own.
-      const std::string message = error.what();
-      if (message.rfind(path, 0) == 0) throw;
-      throw std::runtime_error(path + ": " + message);
-    }
-    sample.label = labels_[index];
-    return sample;
+    return {ImageInput(with_path(path, [&] { return read_file(path); }), path, codec_), labels_[index]};
   }
   std::string source(int64_t index) const override {
     check_index(index);
@@ -152,7 +159,7 @@ class FileListDataset final : public Dataset {
   std::vector<std::string> paths_;
   std::vector<int64_t> labels_;
   std::vector<std::string> names_;
-  ImageDecoder decoder_;
+  std::shared_ptr<const ImageCodec> codec_;
 };
 
 class SubsetDataset final : public Dataset {
@@ -162,6 +169,7 @@ class SubsetDataset final : public Dataset {
 
   int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
   Sample get(int64_t index) const override { return parent_->get(map(index)); }
+  InputSample get_input(int64_t index) const override { return parent_->get_input(map(index)); }
   std::string source(int64_t index) const override { return parent_->source(map(index)); }
   int64_t label(int64_t index) const override { return parent_->label(map(index)); }
   const std::vector<std::string>& class_names() const override { return parent_->class_names(); }
@@ -199,6 +207,11 @@ class ClassSubsetDataset final : public Dataset {
   int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
   Sample get(int64_t index) const override {
     Sample sample = parent_->get(map(index));
+    sample.label = new_label_[sample.label];
+    return sample;
+  }
+  InputSample get_input(int64_t index) const override {
+    InputSample sample = parent_->get_input(map(index));
     sample.label = new_label_[sample.label];
     return sample;
   }
@@ -476,14 +489,14 @@ FileList scan_folder(const std::string& dir) {
 }
 
 std::shared_ptr<const Dataset> folder_split(const std::string& dir, const FileList* train, const std::string& train_dir,
-                                            const ImageDecoder& decoder) {
+                                            const std::shared_ptr<const ImageCodec>& codec) {
   FileList list = scan_folder(dir);
   if (train && list.classes != train->classes) {
     throw std::runtime_error(dir + ": class folders " + join_names(list.classes) +
                              " differ from the training classes " + join_names(train->classes) + " in " + train_dir);
   }
   return std::make_shared<FileListDataset>(std::move(list.paths), std::move(list.labels), std::move(list.classes),
-                                           decoder);
+                                           codec);
 }
 
 // ---- CSV lists ----
@@ -556,7 +569,7 @@ std::vector<std::string> csv_classes(const std::vector<CsvRow>& rows) {
 }
 
 std::shared_ptr<const Dataset> csv_split(const std::string& csv_path, const std::vector<CsvRow>& rows,
-                                         const std::vector<std::string>& classes, const ImageDecoder& decoder) {
+                                         const std::vector<std::string>& classes, const std::shared_ptr<const ImageCodec>& codec) {
   std::map<std::string, int64_t> index_of;
   for (size_t c = 0; c < classes.size(); ++c) index_of[classes[c]] = static_cast<int64_t>(c);
   std::vector<std::string> paths;
@@ -574,13 +587,13 @@ std::shared_ptr<const Dataset> csv_split(const std::string& csv_path, const std:
     paths.push_back(row.path);
     labels.push_back(it->second);
   }
-  return std::make_shared<FileListDataset>(std::move(paths), std::move(labels), classes, decoder);
+  return std::make_shared<FileListDataset>(std::move(paths), std::move(labels), classes, codec);
 }
 
 // ---- assembling the splits ----
 
-void require_decoder(const DataConfig& config, const ImageDecoder& decoder) {
-  if (!decoder) {
+void require_codec(const DataConfig& config, const std::shared_ptr<const ImageCodec>& codec) {
+  if (!codec) {
     throw std::runtime_error(std::string("data.format \"") + name_of(config.format) +
                              "\" decodes image files, but this vit was built without OpenCV");
   }
@@ -591,7 +604,7 @@ std::string default_root(const DataConfig& config, const std::string& fallback) 
 }
 
 // The base splits before val_fraction / subsets; val or test may be null where the format has none.
-Splits open_base(const DataConfig& config, const ImageDecoder& decoder) {
+Splits open_base(const DataConfig& config, const std::shared_ptr<const ImageCodec>& codec) {
   Splits splits;
   const DataFormat format = config.format;
   if (format == DataFormat::mnist || format == DataFormat::fashion_mnist) {
@@ -629,7 +642,7 @@ Splits open_base(const DataConfig& config, const ImageDecoder& decoder) {
     splits.test = load_cifar({(stdfs::path(dir) / "test.bin").string()}, 2, 100, names);
     splits.val = splits.test;
   } else if (format == DataFormat::folder) {
-    require_decoder(config, decoder);
+    require_codec(config, codec);
     const std::string root = config.root;
     const auto under_root = [&](const char* name) {
       return root.empty() ? std::string() : (stdfs::path(root) / name).string();
@@ -648,16 +661,16 @@ Splits open_base(const DataConfig& config, const ImageDecoder& decoder) {
       }
     }
     const FileList train = scan_folder(train_dir);
-    splits.train = std::make_shared<FileListDataset>(train.paths, train.labels, train.classes, decoder);
+    splits.train = std::make_shared<FileListDataset>(train.paths, train.labels, train.classes, codec);
 
     std::string val_dir = config.val_dir;
     if (val_dir.empty()) {
       const std::string candidate = under_root("val");
       if (!candidate.empty() && stdfs::is_directory(candidate) && candidate != train_dir) val_dir = candidate;
     }
-    if (!val_dir.empty()) splits.val = folder_split(val_dir, &train, train_dir, decoder);
+    if (!val_dir.empty()) splits.val = folder_split(val_dir, &train, train_dir, codec);
     if (!config.test_dir.empty()) {
-      splits.test = folder_split(config.test_dir, &train, train_dir, decoder);
+      splits.test = folder_split(config.test_dir, &train, train_dir, codec);
     } else {
       splits.test = splits.val;
     }
@@ -666,15 +679,28 @@ Splits open_base(const DataConfig& config, const ImageDecoder& decoder) {
                                (root.empty() ? std::string("data.root is empty") : under_root("val") + " not found") +
                                "); set data.val_dir, or data.val_fraction to hold out part of the training set");
     }
+  } else if (format == DataFormat::wds) {
+    require_codec(config, codec);
+    if (config.train_shards.empty()) throw std::runtime_error("data.format \"wds\" needs data.train_shards");
+    if (config.val_shards.empty()) throw std::runtime_error("data.format \"wds\" needs data.val_shards");
+#if VIT_WITH_LIBARCHIVE
+    const ShardOptions options{config.shuffle_buffer, config.label_field};
+    const auto train = open_shards(config.train_shards, options, codec, nullptr);
+    splits.train = train;
+    splits.val = open_shards(config.val_shards, options, codec, train.get());
+    splits.test = config.test_shards.empty() ? splits.val : open_shards(config.test_shards, options, codec, train.get());
+#else
+    throw std::runtime_error("data.format \"wds\" reads tar shards, but this vit was built without libarchive");
+#endif
   } else {  // DataFormat::csv
-    require_decoder(config, decoder);
+    require_codec(config, codec);
     if (config.train_csv.empty()) throw std::runtime_error("data.format \"csv\" needs data.train_csv");
     const std::vector<CsvRow> train_rows = read_csv(config.train_csv);
     const std::vector<std::string> classes = csv_classes(train_rows);
-    splits.train = csv_split(config.train_csv, train_rows, classes, decoder);
-    if (!config.val_csv.empty()) splits.val = csv_split(config.val_csv, read_csv(config.val_csv), classes, decoder);
+    splits.train = csv_split(config.train_csv, train_rows, classes, codec);
+    if (!config.val_csv.empty()) splits.val = csv_split(config.val_csv, read_csv(config.val_csv), classes, codec);
     if (!config.test_csv.empty()) {
-      splits.test = csv_split(config.test_csv, read_csv(config.test_csv), classes, decoder);
+      splits.test = csv_split(config.test_csv, read_csv(config.test_csv), classes, codec);
     } else {
       splits.test = splits.val;
     }
@@ -740,6 +766,11 @@ std::shared_ptr<const Dataset> take_per_class(const std::shared_ptr<const Datase
 
 }  // namespace
 
+InputSample Dataset::get_input(int64_t index) const {
+  Sample sample = get(index);
+  return {ImageInput(std::move(sample.image)), sample.label};
+}
+
 std::shared_ptr<const Dataset> subset(std::shared_ptr<const Dataset> parent, std::vector<int64_t> indices) {
   // A subset of a subset maps straight to the base dataset, so lookups stay one indirection deep.
   if (const auto* inner = dynamic_cast<const SubsetDataset*>(parent.get())) {
@@ -761,11 +792,24 @@ std::shared_ptr<const Dataset> subset(std::shared_ptr<const Dataset> parent, std
   return std::make_shared<SubsetDataset>(std::move(parent), std::move(indices));
 }
 
-Splits open_datasets(const DataConfig& config, uint64_t seed, const ImageDecoder& decoder) {
+Splits open_datasets(const DataConfig& config, uint64_t seed, const std::shared_ptr<const ImageCodec>& codec) {
   if (!(config.val_fraction >= 0.0 && config.val_fraction < 1.0)) {
     throw std::invalid_argument("data.val_fraction " + std::to_string(config.val_fraction) + " is outside [0, 1)");
   }
-  Splits splits = open_base(config, decoder);
+  if (config.format == DataFormat::wds) {
+    // Each of these picks samples by index, which a stream of shards cannot do without reading it all.
+    const char* key = !config.classes.empty()      ? "data.classes"
+                      : config.val_fraction > 0    ? "data.val_fraction"
+                      : config.train_per_class > 0 ? "data.train_per_class"
+                      : config.train_subset > 0    ? "data.train_subset"
+                      : config.val_subset > 0      ? "data.val_subset"
+                                                   : nullptr;
+    if (key) {
+      throw std::invalid_argument(std::string(key) + " does not apply to data.format \"wds\" (shards are read as a " +
+                                  "stream, not by index): write the split or subset as shards of its own");
+    }
+  }
+  Splits splits = open_base(config, codec);
   if (!config.classes.empty()) {
     const std::vector<int64_t> chosen = resolve_classes(config.classes, splits.train->class_names());
     // val and test often share one dataset object: select once, so they still do.

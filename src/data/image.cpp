@@ -11,6 +11,13 @@
 
 namespace vit {
 
+RawImage ImageInput::decode() && {
+  if (!codec) return std::move(image);
+  RawImage decoded = codec->decode(bytes, name);
+  check_image(decoded, name);
+  return decoded;
+}
+
 void check_image(const RawImage& image, const std::string& what) {
   if (image.height <= 0 || image.width <= 0 || image.channels <= 0) {
     throw std::invalid_argument(what + ": empty image (" + std::to_string(image.height) + "x" +

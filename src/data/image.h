@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +19,48 @@ namespace vit {
 struct RawImage {
   int64_t height = 0, width = 0, channels = 0;
   std::vector<uint8_t> pixels;
+};
+
+// An image file's size and channels as its header states them.
+struct ImageSize {
+  int64_t height = 0, width = 0, channels = 0;
+};
+
+// A rectangle of an image, in its pixels: rows [top, top + height), columns [left, left + width).
+struct ImageWindow {
+  int64_t top = 0, left = 0, height = 0, width = 0;
+};
+
+// Turns encoded image files into pixels; injected into the data pipeline, which has no codecs of its own (the core
+// library builds without OpenCV). Every function is thread-safe and throws one line starting with `name`.
+struct ImageCodec {
+  // The whole image at full size.
+  std::function<RawImage(const std::string& bytes, const std::string& name)> decode;
+  // Optional, for training crops: the header's size where decode_window applies to the file (else nullopt), and
+  // the window decoded at 1/scale (scale 1, 2, 4 or 8): the result is the window's pixels in the image scaled by
+  // 1/scale, rows [floor(top/scale), ceil((top+height)/scale)) and the same for columns, as if the scaled image
+  // had been decoded whole and cropped.
+  std::function<std::optional<ImageSize>(const std::string& bytes)> peek;
+  std::function<RawImage(const std::string& bytes, const std::string& name, const ImageWindow& window, int scale)>
+      decode_window;
+};
+
+// An image as a sample transform receives it: decoded pixels, or an encoded file with the codec that decodes it, so
+// that a training crop can decode only the part it keeps. Evaluation transforms call decode().
+struct ImageInput {
+  RawImage image;                            // the pixels, unless `bytes` holds an encoded file
+  std::string bytes;                         // encoded file (empty: `image` is already decoded)
+  std::string name;                          // names the file in errors
+  std::shared_ptr<const ImageCodec> codec;   // decodes `bytes`
+
+  ImageInput() = default;
+  ImageInput(RawImage decoded) : image(std::move(decoded)) {}  // NOLINT: implicit, a decoded image is an input
+  ImageInput(std::string encoded, std::string file_name, std::shared_ptr<const ImageCodec> file_codec)
+      : bytes(std::move(encoded)), name(std::move(file_name)), codec(std::move(file_codec)) {}
+
+  bool encoded() const { return codec != nullptr; }
+  // The whole image (decoding the file when encoded); moves the pixels out.
+  RawImage decode() &&;
 };
 
 // Throws std::invalid_argument unless the sizes are positive and match the pixel count; `what` names the image.

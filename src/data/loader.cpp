@@ -66,6 +66,7 @@ struct Loader::State {
   uint64_t generation = 0;  // bumped by start_epoch: results of an abandoned epoch are dropped
   int64_t epoch = 0;
   std::shared_ptr<const std::vector<int64_t>> order;  // this epoch's permutation of all samples (global)
+  std::shared_ptr<SampleStream> stream;  // this epoch's reader, for a StreamDataset
   int64_t next_claim = 0;   // next batch a worker may build
   int64_t next_return = 0;  // next batch next() hands out
   int64_t end = 0;          // batches this epoch on this rank
@@ -101,7 +102,7 @@ struct Loader::State {
     log::warn(with_source(source, reason) + " (skipped)");
   }
 
-  Batch build(int64_t k, int64_t epoch_number, const std::vector<int64_t>& epoch_order) {
+  Batch build(int64_t k, int64_t epoch_number, const std::vector<int64_t>& epoch_order, SampleStream* stream) {
     torch::NoGradGuard no_grad;
     const auto [first, count] = positions(k);
     Batch batch;
@@ -113,12 +114,15 @@ struct Loader::State {
       const int64_t index = epoch_order[p];
       torch::Tensor x;  // (C, H, W)
       int64_t label = -1;
+      // A stream that cannot be read (a truncated shard) stops the epoch, whatever on_bad_image says.
+      InputSample sample;
+      if (stream) sample = stream->take(index);
       try {
-        Sample sample = dataset->get(index);
+        if (!stream) sample = dataset->get_input(index);
         label = sample.label;
         std::mt19937_64 rng(mix_seed({options.seed, static_cast<uint64_t>(epoch_number), static_cast<uint64_t>(p),
                                       kSampleSalt}));
-        x = transform(std::move(sample.image), rng);
+        x = transform(std::move(sample.input), rng);
         if (!x.defined() || x.dim() != 3 || x.scalar_type() != torch::kFloat32) {
           throw std::runtime_error("the sample transform must return a float32 (C, H, W) tensor, got " +
                                    (x.defined() ? std::string(x.toString()) + " " + c10::str(x.sizes())
@@ -179,10 +183,11 @@ struct Loader::State {
       const uint64_t claimed_generation = generation;
       const int64_t claimed_epoch = epoch;
       const std::shared_ptr<const std::vector<int64_t>> claimed_order = order;
+      const std::shared_ptr<SampleStream> claimed_stream = stream;
       lock.unlock();
       Slot slot;
       try {
-        slot.batch = build(k, claimed_epoch, *claimed_order);
+        slot.batch = build(k, claimed_epoch, *claimed_order, claimed_stream.get());
       } catch (...) {
         slot.error = std::current_exception();
       }
@@ -238,7 +243,17 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
                                 std::to_string(end) + "] (batches per epoch)");
   }
   std::shared_ptr<std::vector<int64_t>> order;
-  if (s.options.shuffle) {
+  std::shared_ptr<SampleStream> stream;
+  if (const auto* streamed = dynamic_cast<const StreamDataset*>(s.dataset.get())) {
+    const EpochLayout layout{s.options.seed, epoch, s.options.shuffle, s.options.batch_size, s.options.world_size};
+    order = std::make_shared<std::vector<int64_t>>(streamed->epoch_order(layout));
+    std::vector<int64_t> wanted;  // this rank's samples from first_batch on, in the order they are taken
+    for (int64_t k = first_batch; k < end; ++k) {
+      const auto [first, count] = s.positions(k);
+      wanted.insert(wanted.end(), order->begin() + first, order->begin() + first + count);
+    }
+    stream = streamed->open_stream(layout, s.options.rank, wanted, (s.options.prefetch + 1) * s.options.batch_size);
+  } else if (s.options.shuffle) {
     order = std::make_shared<std::vector<int64_t>>(
         seeded_permutation(s.dataset->size(), mix_seed({s.options.seed, static_cast<uint64_t>(epoch)})));
   } else {
@@ -250,6 +265,7 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
     ++s.generation;
     s.epoch = epoch;
     s.order = std::move(order);
+    s.stream = std::move(stream);  // a reader of an abandoned epoch stops once its last taker lets go
     s.next_claim = s.next_return = first_batch;
     s.end = end;
     s.ready.clear();
@@ -270,8 +286,9 @@ std::optional<Batch> Loader::next() {
       ++s.next_return;
       const int64_t epoch = s.epoch;
       const std::shared_ptr<const std::vector<int64_t>> order = s.order;
+      const std::shared_ptr<SampleStream> stream = s.stream;
       lock.unlock();
-      slot.batch = s.build(k, epoch, *order);  // errors propagate directly
+      slot.batch = s.build(k, epoch, *order, stream.get());  // errors propagate directly
       lock.lock();
     } else {
       s.batch_ready.wait(lock, [&] { return s.ready.count(k) > 0; });

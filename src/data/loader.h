@@ -24,7 +24,8 @@ struct Batch {
 };
 
 // One sample to a (C, H, W) float32 tensor; the RNG is seeded per sample from (seed, epoch, order position).
-using SampleTransform = std::function<torch::Tensor(RawImage image, std::mt19937_64& rng)>;
+// The input is decoded pixels, or an encoded file (datasets of files), which the transform decodes.
+using SampleTransform = std::function<torch::Tensor(ImageInput input, std::mt19937_64& rng)>;
 // In-place work on a whole batch (e.g. mixup); the RNG is seeded from (seed, epoch, global batch, rank).
 using BatchTransform = std::function<void(Batch& batch, std::mt19937_64& rng)>;
 
@@ -46,6 +47,8 @@ struct LoaderOptions {
 // drop_last drops the incomplete global tail T = N mod (B*W). Without drop_last the tail is split into W contiguous
 // chunks, the first T mod W ranks getting one sample more (floor(T/W) or floor(T/W) + 1 rows, rank order); a rank
 // whose chunk is empty has one batch fewer. Every sample is seen exactly once across ranks, with no padding.
+// A StreamDataset (tar shards) supplies the epoch's order itself, in the same layout, and its samples come through
+// the stream it opens for this rank (from first_batch on) instead of by index; the transforms' RNGs are as above.
 class Loader {
  public:
   Loader(std::shared_ptr<const Dataset> dataset, SampleTransform transform, LoaderOptions options,

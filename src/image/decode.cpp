@@ -2,6 +2,8 @@
 // file with only a warning on stderr, so JPEG and PNG streams are walked for their end marker first.
 #include "image/decode.h"
 
+#include <csetjmp>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -11,6 +13,8 @@
 #include <opencv2/core/utils/logger.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+
+#include <jpeglib.h>
 
 #include "util/fs.h"
 
@@ -96,14 +100,12 @@ void quiet_opencv() {
   std::call_once(once, [] { cv::utils::logging::setLogLevel(cv::utils::logging::LOG_LEVEL_ERROR); });
 }
 
-}  // namespace
+bool is_jpeg(const std::string& bytes) { return starts_with(bytes, "\xFF\xD8\xFF", 3); }
 
-RawImage decode_image(const std::string& path) { return decode_image_bytes(read_file(path), path); }
-
-RawImage decode_image_bytes(const std::string& bytes, const std::string& path_for_errors) {
-  const std::string& path = path_for_errors;
+// What the decoders would not say clearly themselves: empty, cut-short and oversized files.
+void check_encoded(const std::string& bytes, const std::string& path) {
   if (bytes.empty()) throw std::runtime_error(path + ": empty file (0 bytes)");
-  if (starts_with(bytes, "\xFF\xD8\xFF", 3) && jpeg_stream(bytes) == Stream::truncated) {
+  if (is_jpeg(bytes) && jpeg_stream(bytes) == Stream::truncated) {
     throw std::runtime_error(path + ": truncated JPEG (no end-of-image marker; the file is cut short)");
   }
   if (starts_with(bytes, "\x89PNG\r\n\x1A\n", 8) && png_stream(bytes) == Stream::truncated) {
@@ -112,6 +114,150 @@ RawImage decode_image_bytes(const std::string& bytes, const std::string& path_fo
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
     throw std::runtime_error(path + ": " + std::to_string(bytes.size()) + " bytes is too large to decode (2 GiB max)");
   }
+}
+
+// ---- libjpeg, for windows at reduced scale ----
+
+// libjpeg reports errors by calling error_exit, which must not return: it jumps back to the setjmp of the call that
+// started the work, with the message kept. The functions below hold no C++ objects across that jump.
+struct JpegError {
+  jpeg_error_mgr manager;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void jpeg_error_exit(j_common_ptr info) {
+  auto* error = reinterpret_cast<JpegError*>(info->err);
+  (*info->err->format_message)(info, error->message);
+  std::longjmp(error->jump, 1);
+}
+
+void jpeg_no_output(j_common_ptr) {}  // warnings (corrupt data the decoder recovers from) stay quiet, as in OpenCV
+
+struct JpegHeader {
+  int height = 0, width = 0, components = 0;
+  J_COLOR_SPACE color_space = JCS_UNKNOWN;
+};
+
+// Reads the header; false (with error.message) on a libjpeg error.
+bool read_jpeg_header(const std::string& bytes, JpegHeader& header, JpegError& error) {
+  jpeg_decompress_struct info;
+  info.err = jpeg_std_error(&error.manager);
+  error.manager.error_exit = jpeg_error_exit;
+  error.manager.output_message = jpeg_no_output;
+  jpeg_create_decompress(&info);
+  if (setjmp(error.jump)) {
+    jpeg_destroy_decompress(&info);
+    return false;
+  }
+  jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&info, TRUE);
+  header = {static_cast<int>(info.image_height), static_cast<int>(info.image_width), info.num_components,
+            info.jpeg_color_space};
+  jpeg_destroy_decompress(&info);
+  return true;
+}
+
+struct JpegWindowRequest {
+  int top = 0, left = 0, bottom = 0, right = 0;  // window in the scaled image's pixels
+  int scale = 1;
+  int channels = 3;
+};
+
+// Decodes rows [top, bottom) x columns [left, right) of the image at 1/scale into `out` (rows * columns * channels
+// bytes, which the caller sized from the scaled image); false (with error.message) on a libjpeg error.
+bool read_jpeg_window(const std::string& bytes, const JpegWindowRequest& request, unsigned char* out,
+                      unsigned char* row_buffer, JpegError& error) {
+  jpeg_decompress_struct info;
+  info.err = jpeg_std_error(&error.manager);
+  error.manager.error_exit = jpeg_error_exit;
+  error.manager.output_message = jpeg_no_output;
+  jpeg_create_decompress(&info);
+  if (setjmp(error.jump)) {
+    jpeg_destroy_decompress(&info);
+    return false;
+  }
+  jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&info, TRUE);
+  info.scale_num = 1;
+  info.scale_denom = static_cast<unsigned int>(request.scale);
+  info.out_color_space = request.channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_start_decompress(&info);
+  // crop_scanline widens the column range to whole iMCUs: `first` is where the decoded rows begin.
+  JDIMENSION first = static_cast<JDIMENSION>(request.left);
+  JDIMENSION width = static_cast<JDIMENSION>(request.right - request.left);
+  if (width < info.output_width) jpeg_crop_scanline(&info, &first, &width);
+  if (request.top > 0) jpeg_skip_scanlines(&info, static_cast<JDIMENSION>(request.top));
+  const int columns = request.right - request.left;
+  const size_t skip = static_cast<size_t>(request.left - static_cast<int>(first)) * request.channels;
+  for (int y = request.top; y < request.bottom; ++y) {
+    JSAMPROW row = row_buffer;
+    jpeg_read_scanlines(&info, &row, 1);
+    std::memcpy(out + static_cast<size_t>(y - request.top) * columns * request.channels, row_buffer + skip,
+                static_cast<size_t>(columns) * request.channels);
+  }
+  jpeg_abort_decompress(&info);  // the rows below the window are never decoded
+  jpeg_destroy_decompress(&info);
+  return true;
+}
+
+}  // namespace
+
+std::optional<ImageSize> jpeg_size(const std::string& bytes) {
+  if (!is_jpeg(bytes)) return std::nullopt;
+  JpegHeader header;
+  JpegError error;
+  if (!read_jpeg_header(bytes, header, error)) return std::nullopt;  // decode() then reports it, with the path
+  if (header.components != 1 && header.components != 3) return std::nullopt;
+  return ImageSize{header.height, header.width, header.components};
+}
+
+RawImage decode_jpeg_window(const std::string& bytes, const std::string& path_for_errors, const ImageWindow& window,
+                            int scale) {
+  const std::string& path = path_for_errors;
+  check_encoded(bytes, path);
+  if (scale != 1 && scale != 2 && scale != 4 && scale != 8) {
+    throw std::invalid_argument(path + ": JPEG scale 1/" + std::to_string(scale) + " is not 1, 1/2, 1/4 or 1/8");
+  }
+  const std::optional<ImageSize> size = jpeg_size(bytes);
+  if (!size) throw std::runtime_error(path + ": not a JPEG with 1 or 3 channels that can be decoded in windows");
+  if (window.height <= 0 || window.width <= 0 || window.top < 0 || window.left < 0 ||
+      window.top + window.height > size->height || window.left + window.width > size->width) {
+    throw std::invalid_argument(path + ": window " + std::to_string(window.height) + "x" +
+                                std::to_string(window.width) + " at (" + std::to_string(window.top) + ", " +
+                                std::to_string(window.left) + ") is not inside the " + std::to_string(size->height) +
+                                "x" + std::to_string(size->width) + " image");
+  }
+  // libjpeg's scaled size is ceil(size / scale).
+  const auto scaled = [scale](int64_t v) { return (v + scale - 1) / scale; };
+  JpegWindowRequest request;
+  request.scale = scale;
+  request.channels = static_cast<int>(size->channels);
+  request.top = static_cast<int>(window.top / scale);
+  request.left = static_cast<int>(window.left / scale);
+  request.bottom = static_cast<int>(std::min(scaled(window.top + window.height), scaled(size->height)));
+  request.right = static_cast<int>(std::min(scaled(window.left + window.width), scaled(size->width)));
+  RawImage image{request.bottom - request.top, request.right - request.left, size->channels, {}};
+  image.pixels.resize(static_cast<size_t>(image.height * image.width * image.channels));
+  std::vector<unsigned char> row(static_cast<size_t>(scaled(size->width) * size->channels));
+  JpegError error;
+  if (!read_jpeg_window(bytes, request, image.pixels.data(), row.data(), error)) {
+    throw std::runtime_error(path + ": not a decodable JPEG (" + std::string(error.message) + ")");
+  }
+  return image;
+}
+
+std::shared_ptr<const ImageCodec> image_codec() {
+  static const auto codec = std::make_shared<const ImageCodec>(ImageCodec{decode_image_bytes, jpeg_size,
+                                                                          decode_jpeg_window});
+  return codec;
+}
+
+RawImage decode_image(const std::string& path) { return decode_image_bytes(read_file(path), path); }
+
+RawImage decode_image_bytes(const std::string& bytes, const std::string& path_for_errors) {
+  const std::string& path = path_for_errors;
+  check_encoded(bytes, path);
   quiet_opencv();
 
   const cv::Mat encoded(1, static_cast<int>(bytes.size()), CV_8UC1, const_cast<char*>(bytes.data()));

@@ -152,7 +152,7 @@ Training::Training(const TrainRequest& request, const TrainHooks& hooks)
       comm_(make_communicator(env_, tc_, device_)),
       amp_(tc_.amp != AmpMode::off && device_.is_cuda()),
       fp16_(amp_ && tc_.amp == AmpMode::fp16),
-      splits_(open_datasets(config_.data, tc_.seed, hooks.decoder)),
+      splits_(open_datasets(config_.data, tc_.seed, hooks.codec)),
       class_names_(splits_.train->class_names()),
       num_classes_(static_cast<int64_t>(class_names_.size())),
       scaler_(fp16_),

@@ -18,7 +18,7 @@ namespace vit {
 
 // What the core library cannot do by itself (OpenCV lives in the vision library); all optional.
 struct TrainHooks {
-  ImageDecoder decoder;  // decodes folder/csv datasets
+  std::shared_ptr<const ImageCodec> codec;  // decodes folder/csv/wds datasets (null: built without OpenCV)
   std::function<RawAugment(int64_t ops, double magnitude)> make_randaugment;
   std::function<void(const std::string& png_path, const std::vector<CurvePanel>& panels)> plot_curves;
 };
