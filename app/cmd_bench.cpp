@@ -1,12 +1,20 @@
-// `vit bench`: training and inference speed of a config's model on synthetic inputs (see bench/bench.h).
+// `vit bench`: training and inference speed of a config's model on synthetic inputs (see bench/bench.h), or with
+// --mode data the images/s of its training input pipeline (bench/data_bench.h).
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "bench/data_bench.h"
 #include "commands.h"
 #include "common.h"
+#include "vit/build_config.h"
+#if VIT_WITH_OPENCV
+#include "image/decode.h"
+#include "image/randaugment.h"
+#endif
 
 namespace vit::app {
 namespace {
@@ -20,8 +28,36 @@ struct BenchArgs {
   std::string device;      // "" = the config's train.device
   int threads = -1;        // -1 = the config's train.threads
   std::string amp;         // "" = the config's train.amp
+  std::vector<int64_t> workers = {1, 2};  // --mode data: loader threads to measure
+  int64_t batches = 0;     // --mode data: timed batches per measurement (0 = one epoch)
   bool json = false;
 };
+
+int run_data_bench_command(const BenchArgs& args, const Config& config) {
+  DataBenchOptions options;
+  options.workers = args.workers;
+  options.batch_size = args.batch_size > 0 ? args.batch_size : config.train.batch_size;
+  options.warmup_batches = std::max<int64_t>(args.warmup, 1);
+  options.max_batches = args.batches;
+  std::shared_ptr<const ImageCodec> codec;
+  RawAugment randaugment;
+#if VIT_WITH_OPENCV
+  codec = image_codec();
+  const AugmentConfig& augment = config.data.augment;
+  if (augment.randaugment_ops > 0) randaugment = make_randaugment(augment.randaugment_ops, augment.randaugment_magnitude);
+#endif
+  const std::vector<DataBenchRow> rows = run_data_bench(config, codec, options, randaugment);
+  for (const DataBenchRow& row : rows) {
+    if (args.json) {
+      std::cout << to_json(row).dump() << "\n";
+    } else {
+      std::printf("data  workers %-2lld %8.1f img/s  (%lld images in %.2f s, batch %lld)\n",
+                  static_cast<long long>(row.workers), row.img_per_s, static_cast<long long>(row.images), row.seconds,
+                  static_cast<long long>(options.batch_size));
+    }
+  }
+  return kOk;
+}
 
 // "12.3" or "-" for a measurement that did not run.
 std::string figure(double value, const char* format = "%.2f") {
@@ -34,6 +70,7 @@ std::string figure(double value, const char* format = "%.2f") {
 int run_bench_command(const BenchArgs& args) {
   const auto config = load_config_args(args.config);
   if (!config) throw std::invalid_argument("vit bench needs --config FILE (the model section is benched)");
+  if (args.mode == "data") return run_data_bench_command(args, *config);
   BenchOptions options;
   options.mode = args.mode;
   options.batch_size = args.batch_size > 0 ? args.batch_size : config->train.batch_size;
@@ -82,8 +119,8 @@ void setup_bench(CLI::App& app, int& status) {
   auto args = std::make_shared<BenchArgs>();
   auto* command = app.add_subcommand("bench", "Time training and inference of a config's model on synthetic inputs");
   add_config_args(command, args->config);
-  command->add_option("--mode", args->mode, "what to time: train | infer | both")
-      ->check(CLI::IsMember({"train", "infer", "both"}))
+  command->add_option("--mode", args->mode, "what to time: train | infer | both | data (the training input pipeline)")
+      ->check(CLI::IsMember({"train", "infer", "both", "data"}))
       ->capture_default_str();
   command->add_option("--batch-size", args->batch_size, "training batch and second inference batch "
                                                         "(default: the config's train.batch_size)")
@@ -99,7 +136,14 @@ void setup_bench(CLI::App& app, int& status) {
       ->check(CLI::NonNegativeNumber);
   command->add_option("--amp", args->amp, "off | bf16 | fp16, CUDA only (default: the config's train.amp)")
       ->check(enum_choice<AmpMode>());
-  command->add_flag("--json", args->json, "print one JSON object");
+  command->add_option("--workers", args->workers, "--mode data: loader worker counts to measure, e.g. 1,2")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_option("--batches", args->batches, "--mode data: timed batches per measurement (0 = one epoch)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_flag("--json", args->json, "print one JSON object (--mode data: one per worker count)");
   command->callback([args, &status] { status = run_bench_command(*args); });
 }
 
