@@ -47,7 +47,9 @@ Stream jpeg_stream(const std::string& bytes) {
       for (;;) {
         if (pos + 1 >= size) return Stream::truncated;
         if (data[pos] != 0xFF) {
-          ++pos;
+          const void* marker = std::memchr(data + pos, 0xFF, size - pos);  // the scan is most of the file
+          if (!marker) return Stream::truncated;
+          pos = static_cast<size_t>(static_cast<const unsigned char*>(marker) - data);
           continue;
         }
         const unsigned char next = data[pos + 1];
