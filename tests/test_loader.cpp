@@ -230,6 +230,35 @@ TEST(LoaderLifecycle, DestroyMidEpochJoinsCleanly) {
   EXPECT_THROW(unused.next(), std::logic_error);
 }
 
+TEST(LoaderLifecycle, BatchMemoryIsReusedOnlyOnceLetGo) {
+  auto dataset = std::make_shared<CountingDataset>(96);
+  LoaderOptions options;
+  options.batch_size = 4;
+  options.num_workers = 2;
+  options.shuffle = false;
+  Loader loader(dataset, index_and_draw, options);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    loader.start_epoch(epoch);
+    std::vector<Batch> kept;  // the first epoch keeps every batch: none may be overwritten by a later one
+    std::set<const void*> memory;
+    while (auto batch = loader.next()) {
+      memory.insert(batch->images.data_ptr());
+      if (epoch == 0) kept.push_back(std::move(*batch));
+    }
+    for (size_t k = 0; k < kept.size(); ++k) {
+      for (int64_t row = 0; row < 4; ++row) {
+        EXPECT_EQ(kept[k].images[row][0][0][0].item<float>(), static_cast<float>(4 * k + row)) << "batch " << k;
+      }
+    }
+    // Kept batches each have their own memory; batches let go of are recycled (a few buffers serve the epoch).
+    if (epoch == 0) {
+      EXPECT_EQ(memory.size(), 24u);
+    } else {
+      EXPECT_LT(memory.size(), 12u);
+    }
+  }
+}
+
 TEST(LoaderBatchTransform, SeededPerBatchAndIndependentOfWorkers) {
   auto dataset = std::make_shared<CountingDataset>(64);
   const BatchTransform stamp = [](Batch& batch, std::mt19937_64& rng) {
