@@ -35,7 +35,6 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -x "$vit" ] || { echo "no vit binary at $vit (build it, or pass --vit PATH)" >&2; exit 1; }
-"$python" -c 'import torch, PIL' 2>/dev/null || { echo "$python cannot import torch and PIL (apt install python3-torch python3-pil)" >&2; exit 1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -96,6 +95,7 @@ for s in dict.fromkeys(r["set"] for r in rows):
 PY
 }
 if [ "$only" = data ]; then bench_data; exit 0; fi
+"$python" -c 'import torch, PIL' 2>/dev/null || { echo "$python cannot import torch and PIL (apt install python3-torch python3-pil)" >&2; exit 1; }
 cat > "$work/fashion_mnist.json" <<'EOF'
 {"model": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 128, "depth": 6,
            "num_heads": 4, "mlp_ratio": 2},
