@@ -101,8 +101,9 @@ class TarReader {
 
   [[noreturn]] void fail(const std::string& what) const {
     const char* reason = archive_error_string(archive_);
+    const std::string last = current_.empty() ? std::string() : ", after member \"" + current_ + "\"";
     throw std::runtime_error(path_ + ": " + what + " at byte offset " +
-                             std::to_string(archive_filter_bytes(archive_, -1)) + ": " +
+                             std::to_string(archive_filter_bytes(archive_, -1)) + last + ": " +
                              (reason ? reason : "unknown libarchive error") + " (truncated or not a tar?)");
   }
 

@@ -138,27 +138,7 @@ void jpeg_no_output(j_common_ptr) {}  // warnings (corrupt data the decoder reco
 
 struct JpegHeader {
   int height = 0, width = 0, components = 0;
-  J_COLOR_SPACE color_space = JCS_UNKNOWN;
 };
-
-// Reads the header; false (with error.message) on a libjpeg error.
-bool read_jpeg_header(const std::string& bytes, JpegHeader& header, JpegError& error) {
-  jpeg_decompress_struct info;
-  info.err = jpeg_std_error(&error.manager);
-  error.manager.error_exit = jpeg_error_exit;
-  error.manager.output_message = jpeg_no_output;
-  jpeg_create_decompress(&info);
-  if (setjmp(error.jump)) {
-    jpeg_destroy_decompress(&info);
-    return false;
-  }
-  jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
-  jpeg_read_header(&info, TRUE);
-  header = {static_cast<int>(info.image_height), static_cast<int>(info.image_width), info.num_components,
-            info.jpeg_color_space};
-  jpeg_destroy_decompress(&info);
-  return true;
-}
 
 struct JpegWindowRequest {
   int top = 0, left = 0, bottom = 0, right = 0;  // window in the scaled image's pixels
@@ -166,10 +146,11 @@ struct JpegWindowRequest {
   int channels = 3;
 };
 
-// Decodes rows [top, bottom) x columns [left, right) of the image at 1/scale into `out` (rows * columns * channels
-// bytes, which the caller sized from the scaled image); false (with error.message) on a libjpeg error.
-bool read_jpeg_window(const std::string& bytes, const JpegWindowRequest& request, unsigned char* out,
-                      unsigned char* row_buffer, JpegError& error) {
+// Reads the header into `header`; with a request, then decodes rows [top, bottom) x columns [left, right) of the
+// image at 1/scale into `out` (rows * columns * channels bytes, sized by the caller from the scaled image) through
+// `row_buffer` (one scaled row). False (with error.message) on a libjpeg error.
+bool run_jpeg(const std::string& bytes, JpegHeader& header, const JpegWindowRequest* request, unsigned char* out,
+              unsigned char* row_buffer, JpegError& error) {
   jpeg_decompress_struct info;
   info.err = jpeg_std_error(&error.manager);
   error.manager.error_exit = jpeg_error_exit;
@@ -181,24 +162,26 @@ bool read_jpeg_window(const std::string& bytes, const JpegWindowRequest& request
   }
   jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&info, TRUE);
-  info.scale_num = 1;
-  info.scale_denom = static_cast<unsigned int>(request.scale);
-  info.out_color_space = request.channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
-  jpeg_start_decompress(&info);
-  // crop_scanline widens the column range to whole iMCUs: `first` is where the decoded rows begin.
-  JDIMENSION first = static_cast<JDIMENSION>(request.left);
-  JDIMENSION width = static_cast<JDIMENSION>(request.right - request.left);
-  if (width < info.output_width) jpeg_crop_scanline(&info, &first, &width);
-  if (request.top > 0) jpeg_skip_scanlines(&info, static_cast<JDIMENSION>(request.top));
-  const int columns = request.right - request.left;
-  const size_t skip = static_cast<size_t>(request.left - static_cast<int>(first)) * request.channels;
-  for (int y = request.top; y < request.bottom; ++y) {
-    JSAMPROW row = row_buffer;
-    jpeg_read_scanlines(&info, &row, 1);
-    std::memcpy(out + static_cast<size_t>(y - request.top) * columns * request.channels, row_buffer + skip,
-                static_cast<size_t>(columns) * request.channels);
+  header = {static_cast<int>(info.image_height), static_cast<int>(info.image_width), info.num_components};
+  if (request) {
+    info.scale_num = 1;
+    info.scale_denom = static_cast<unsigned int>(request->scale);
+    info.out_color_space = request->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    jpeg_start_decompress(&info);
+    // crop_scanline widens the column range to whole iMCUs: `first` is where the decoded rows begin.
+    JDIMENSION first = static_cast<JDIMENSION>(request->left);
+    JDIMENSION width = static_cast<JDIMENSION>(request->right - request->left);
+    if (width < info.output_width) jpeg_crop_scanline(&info, &first, &width);
+    if (request->top > 0) jpeg_skip_scanlines(&info, static_cast<JDIMENSION>(request->top));
+    const size_t row_bytes = static_cast<size_t>(request->right - request->left) * request->channels;
+    const size_t skip = static_cast<size_t>(request->left - static_cast<int>(first)) * request->channels;
+    for (int y = request->top; y < request->bottom; ++y) {
+      JSAMPROW row = row_buffer;
+      jpeg_read_scanlines(&info, &row, 1);
+      std::memcpy(out + static_cast<size_t>(y - request->top) * row_bytes, row_buffer + skip, row_bytes);
+    }
+    jpeg_abort_decompress(&info);  // the rows below the window are never decoded
   }
-  jpeg_abort_decompress(&info);  // the rows below the window are never decoded
   jpeg_destroy_decompress(&info);
   return true;
 }
@@ -209,7 +192,7 @@ std::optional<ImageSize> jpeg_size(const std::string& bytes) {
   if (!is_jpeg(bytes)) return std::nullopt;
   JpegHeader header;
   JpegError error;
-  if (!read_jpeg_header(bytes, header, error)) return std::nullopt;  // decode() then reports it, with the path
+  if (!run_jpeg(bytes, header, nullptr, nullptr, nullptr, error)) return std::nullopt;  // decode() reports it
   if (header.components != 1 && header.components != 3) return std::nullopt;
   return ImageSize{header.height, header.width, header.components};
 }
@@ -243,7 +226,8 @@ RawImage decode_jpeg_window(const std::string& bytes, const std::string& path_fo
   image.pixels.resize(static_cast<size_t>(image.height * image.width * image.channels));
   std::vector<unsigned char> row(static_cast<size_t>(scaled(size->width) * size->channels));
   JpegError error;
-  if (!read_jpeg_window(bytes, request, image.pixels.data(), row.data(), error)) {
+  JpegHeader header;
+  if (!run_jpeg(bytes, header, &request, image.pixels.data(), row.data(), error)) {
     throw std::runtime_error(path + ": not a decodable JPEG (" + std::string(error.message) + ")");
   }
   return image;
