@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -401,6 +402,23 @@ TEST(ShardTraining, TrainsEvaluatesAndResumesBitIdentically) {
                                        config + "' --split val");
   ASSERT_EQ(evaluated.status, 0) << evaluated.errors;
   EXPECT_NE(evaluated.output.find("(48 samples)"), std::string::npos) << evaluated.output;  // every sample scored
+}
+
+TEST(ShardTraining, DataBenchTimesTheInputPipelinePerWorkerCount) {
+  TempDir dir;
+  const std::string config = write_shard_config(dir);  // 200 training samples
+  const auto result = test::run_vit("bench --mode data --config '" + config + "' --workers 0,2 --batch-size 16 " +
+                                    "--warmup 2 --json");
+  ASSERT_EQ(result.status, 0) << result.errors;
+  std::istringstream lines(result.output);
+  std::vector<json> rows;
+  for (std::string line; std::getline(lines, line);) rows.push_back(json::parse(line));
+  ASSERT_EQ(rows.size(), 2u) << result.output;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i]["workers"], i == 0 ? 0 : 2);
+    EXPECT_EQ(rows[i]["images"], (12 - 2) * 16);  // 12 full batches in the epoch, 2 of them warm-up
+    EXPECT_GT(rows[i]["img_per_s"].get<double>(), 0.0);
+  }
 }
 
 }  // namespace
