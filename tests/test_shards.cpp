@@ -315,9 +315,10 @@ TEST(ShardDataset, CorruptImageMembersFollowOnBadImage) {
   TempDir dir;
   Members members;
   for (int64_t i = 0; i < 6; ++i) {
-    const std::string key = "s" + std::to_string(i);
-    members.emplace_back(key + ".png", i == 2 ? std::string("not a png") : index_png(i));
-    members.emplace_back(key + ".cls", std::to_string(label_of(i)));
+    char key[32];
+    std::snprintf(key, sizeof key, "s%lld", static_cast<long long>(i));
+    members.emplace_back(std::string(key) + ".png", i == 2 ? std::string("not a png") : index_png(i));
+    members.emplace_back(std::string(key) + ".cls", std::to_string(label_of(i)));
   }
   write_tar(dir / "train.tar", members);
   const Splits splits = open_datasets(shard_config(dir / "train.tar", dir / "train.tar"), 0, image_codec());
@@ -354,9 +355,10 @@ std::string write_square_shards(const std::string& dir, const std::string& prefi
       cv::rectangle(image, cv::Rect(x, y, 10, 10), cv::Scalar(230, 230, 230), cv::FILLED);
       std::vector<uint8_t> png;
       cv::imencode(".png", image, png);
-      const std::string key = "k" + std::to_string(s) + "_" + std::to_string(i);
-      members.emplace_back(key + ".png", std::string(png.begin(), png.end()));
-      members.emplace_back(key + ".cls", std::to_string(label));
+      char key[32];  // (snprintf: GCC 12 in C++20 mode warns falsely on "literal" + std::string&&)
+      std::snprintf(key, sizeof key, "k%d_%d", s, i);
+      members.emplace_back(std::string(key) + ".png", std::string(png.begin(), png.end()));
+      members.emplace_back(std::string(key) + ".cls", std::to_string(label));
     }
     write_tar(dir + "/" + prefix + "-" + std::to_string(s) + ".tar", members);
   }
