@@ -1,5 +1,5 @@
 // WebDataset tar shards (data.format "wds"): samples are consecutive tar members sharing a key ("n01/x.jpg" and
-// "n01/x.cls"), read as a stream with libarchive: never extracted, never read by seeking around in a shard.
+// "n01/x.cls"), read front to back as a stream with libarchive, never extracted.
 #pragma once
 
 #include <cstdint>
