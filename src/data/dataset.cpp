@@ -766,6 +766,16 @@ std::shared_ptr<const Dataset> take_per_class(const std::shared_ptr<const Datase
 
 }  // namespace
 
+std::pair<int64_t, int64_t> batch_positions(int64_t N, int64_t batch_size, int64_t world_size, int64_t rank,
+                                            int64_t k) {
+  const int64_t B = batch_size, W = world_size, r = rank;
+  const int64_t full = N / (B * W);
+  if (k < full) return {k * B * W + r * B, B};
+  const int64_t tail = N - full * B * W;  // only reached without drop_last
+  const int64_t base = tail / W, extra = tail % W;
+  return {full * B * W + r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
+}
+
 InputSample Dataset::get_input(int64_t index) const {
   Sample sample = get(index);
   return {ImageInput(std::move(sample.image)), sample.label};

@@ -7,6 +7,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -61,6 +62,11 @@ struct EpochLayout {
   int64_t world_size = 1;  // W
 };
 
+// The Loader's sharding rule (loader.h), in one place: order positions [first, first + count) of batch k on rank
+// `rank` of an epoch of N samples with W ranks of B rows.
+std::pair<int64_t, int64_t> batch_positions(int64_t N, int64_t batch_size, int64_t world_size, int64_t rank,
+                                            int64_t k);
+
 // Hands over the samples of one rank's part of an epoch, read front to back on a background thread.
 class SampleStream {
  public:
@@ -75,8 +81,7 @@ class SampleStream {
 // get() still works (by seeking through a shard), for tools and tests.
 class StreamDataset : public Dataset {
  public:
-  // The epoch's order in the Loader's global layout (rank r's batch k at positions [k*B*W + r*B, +B), the tail as
-  // loader.h describes), where rank r's samples are a contiguous run of the epoch's shard sequence, N/W of them
+  // The epoch's order in the Loader's global layout (batch_positions), where rank r's samples are a contiguous run of the epoch's shard sequence, N/W of them
   // (the first N mod W ranks one more), in the order the shuffle buffer emits them.
   virtual std::vector<int64_t> epoch_order(const EpochLayout& layout) const = 0;
   // Reads rank `rank`'s run of the epoch's shard sequence, keeping the samples in `wanted` (the indices the rank

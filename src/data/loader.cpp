@@ -85,13 +85,7 @@ struct Loader::State {
 
   // Order positions [first, first + count) of batch k on this rank.
   std::pair<int64_t, int64_t> positions(int64_t k) const {
-    const int64_t B = options.batch_size, W = options.world_size, r = options.rank;
-    const int64_t N = dataset->size();
-    const int64_t full = N / (B * W);
-    if (k < full) return {k * B * W + r * B, B};
-    const int64_t tail = N - full * B * W;  // only reached without drop_last
-    const int64_t base = tail / W, extra = tail % W;
-    return {full * B * W + r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
+    return batch_positions(dataset->size(), options.batch_size, options.world_size, options.rank, k);
   }
 
   int64_t batches() const {

@@ -47,6 +47,7 @@ struct LoaderOptions {
 // drop_last drops the incomplete global tail T = N mod (B*W). Without drop_last the tail is split into W contiguous
 // chunks, the first T mod W ranks getting one sample more (floor(T/W) or floor(T/W) + 1 rows, rank order); a rank
 // whose chunk is empty has one batch fewer. Every sample is seen exactly once across ranks, with no padding.
+// (batch_positions in dataset.h computes this rule.)
 // A StreamDataset (tar shards) supplies the epoch's order itself, in the same layout, and its samples come through
 // the stream it opens for this rank (from first_batch on) instead of by index; the transforms' RNGs are as above.
 class Loader {

@@ -367,7 +367,7 @@ class ShardDataset final : public StreamDataset {
     const int64_t N = size(), B = layout.batch_size, W = layout.world_size;
     const std::vector<int64_t> shards = shard_order(layout);
     std::vector<int64_t> order(N, -1);
-    const int64_t full = N / (B * W), tail = N - full * B * W, base = tail / W, extra = tail % W;
+    const int64_t full = N / (B * W);
     for (int64_t r = 0; r < W; ++r) {
       std::vector<int64_t> arrivals;
       for (const Piece& piece : rank_pieces(*index_, shards, r, W)) {
@@ -378,11 +378,10 @@ class ShardDataset final : public StreamDataset {
                                                 mix_seed({layout.seed, static_cast<uint64_t>(layout.epoch),
                                                           static_cast<uint64_t>(r), kShuffleBufferSalt}))
                          : arrivals;
-      // The Loader's layout: rank r's j-th sample of full batches, then its chunk of the tail.
+      // Rank r's j-th sample is row j - k*B of its batch k (the tail batch k = full takes the rest).
       for (int64_t j = 0; j < static_cast<int64_t>(emitted.size()); ++j) {
-        const int64_t position = j < full * B ? (j / B) * B * W + r * B + j % B
-                                              : full * B * W + r * base + std::min(r, extra) + (j - full * B);
-        order[position] = emitted[j];
+        const int64_t k = std::min(j / B, full);
+        order[batch_positions(N, B, W, r, k).first + j - k * B] = emitted[j];
       }
     }
     return order;
