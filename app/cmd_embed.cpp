@@ -25,6 +25,7 @@ struct EmbedCommandOptions {
   std::string device = "auto";
   int threads = 0;
   std::string img_size;  // --img-size (default: the model's own)
+  ImageLimits limits;    // --max-file-mb, --max-pixels
   std::vector<std::string> inputs;
 };
 
@@ -48,11 +49,11 @@ int run_embed(const EmbedCommandOptions& o) {
   if (!o.layers.empty()) options.layers = parse_block_indices(o.layers, model.model.depth, "--layers");
   if (!o.pool.empty()) options.pool = enum_from_name<EmbedPool>(o.pool);
   options.batch_size = o.batch_size;
+  options.limits = o.limits;
   check_embed_options(model.model, options, model.path);  // before any image is read
   model.net->to(device);
   model.net->eval();
   const auto files = expand_image_inputs(o.inputs);
-  if (files.empty()) throw std::invalid_argument("no image files found in the given inputs");
 
   ProgressOptions shown;
   shown.show = files.size() > static_cast<size_t>(o.batch_size);  // one batch is over before a bar would help
@@ -77,9 +78,8 @@ int run_embed(const EmbedCommandOptions& o) {
   log::info("wrote " + written + o.out + "/index.csv (" + std::to_string(embeddings.rows()) + " rows)");
   if (failures > 0) {
     log::error(std::to_string(failures) + " of " + std::to_string(files.size()) + " images could not be embedded");
-    return kPartial;
   }
-  return kOk;
+  return inputs_status(failures, files.size());
 }
 #else
 int run_embed(const EmbedCommandOptions&) {
@@ -123,6 +123,7 @@ void setup_embed(CLI::App& app, int& status) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_img_size_option(command, options->img_size);
+  add_image_limit_args(command, options->limits);
   add_device_args(command, options->device, options->threads);
   command->add_option("inputs", options->inputs, "image files or directories")->required();
   command->callback([options, &status] { status = run_embed(*options); });

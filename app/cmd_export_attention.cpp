@@ -13,6 +13,7 @@
 #include "util/log.h"
 #include "util/progress.h"
 #include "util/runtime.h"
+#include "util/text.h"
 #include "vit/build_config.h"
 #if VIT_WITH_OPENCV
 #include "explain/export_run.h"
@@ -42,6 +43,7 @@ struct ExportAttentionOptions {
   std::string device = "auto";
   int threads = 0;
   std::string img_size;  // --img-size (default: the model's own)
+  ImageLimits limits;    // --max-file-mb, --max-pixels
   std::vector<std::string> inputs;
 };
 
@@ -56,6 +58,7 @@ int run_export_attention(const ExportAttentionOptions& o) {
     throw std::invalid_argument(model.path + " has no classifier head (num_classes 0): export-attention needs one");
   }
   ExportOptions options;
+  options.limits = o.limits;
   options.layers = parse_index_list(o.layers, config.depth, "--layers");
   options.heads = parse_index_list(o.heads, config.num_heads, "--heads");
   options.fusion = o.rollout;
@@ -88,7 +91,6 @@ int run_export_attention(const ExportAttentionOptions& o) {
   for (const auto& [layer, heads] : parse_head_mask(o.mask_heads)) model.net->set_head_mask(layer, heads);
 
   const auto files = expand_image_inputs(o.inputs);
-  if (files.empty()) throw std::invalid_argument("no image files found in the given inputs");
   ProgressOptions shown;
   shown.show = files.size() > 1;  // each image takes a while: worth a bar from the second one on
   Progress progress(static_cast<int64_t>(files.size()), "export-attention", "img", shown);
@@ -98,12 +100,13 @@ int run_export_attention(const ExportAttentionOptions& o) {
         progress.clear();  // the line below takes the bar's place (stdout may share its terminal)
         if (result == nullptr) {
           log::error(error);
-          std::printf("%s: error: %s\n", path.c_str(), error.c_str());
+          std::printf("%s: error: %s\n", printable(path).c_str(), printable(error).c_str());
         } else {
           const auto& prediction = result->summary.at("prediction").at("topk").at(0);
-          std::printf("%s: %s (%.4f) -> %s/%s/ [%.2f s]\n", path.c_str(),
-                      prediction.at("label").get<std::string>().c_str(), prediction.at("prob").get<double>(),
-                      o.out.c_str(), result->dir_name.c_str(), seconds);
+          std::printf("%s: %s (%.4f) -> %s/%s/ [%.2f s]\n", printable(path).c_str(),
+                      printable(prediction.at("label").get<std::string>()).c_str(),
+                      prediction.at("prob").get<double>(), o.out.c_str(), printable(result->dir_name).c_str(),
+                      seconds);
         }
         std::fflush(stdout);
         progress.advance();
@@ -136,9 +139,8 @@ int run_export_attention(const ExportAttentionOptions& o) {
   if (!errors.empty()) {
     log::error(std::to_string(errors.size()) + " of " + std::to_string(files.size()) +
                " images could not be exported");
-    return kPartial;
   }
-  return kOk;
+  return inputs_status(errors.size(), files.size());
 }
 #else
 int run_export_attention(const ExportAttentionOptions&) {
@@ -215,6 +217,7 @@ void setup_export_attention(CLI::App& app, int& status) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_img_size_option(command, options->img_size);
+  add_image_limit_args(command, options->limits);
   add_device_args(command, options->device, options->threads);
   command->add_option("inputs", options->inputs, "image files or directories")->required();
   command->callback([options, &status] { status = run_export_attention(*options); });

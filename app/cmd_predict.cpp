@@ -11,6 +11,7 @@
 #include "util/log.h"
 #include "util/progress.h"
 #include "util/runtime.h"
+#include "util/text.h"
 #include "vit/build_config.h"
 #if VIT_WITH_OPENCV
 #include "infer/predict.h"
@@ -28,6 +29,7 @@ struct PredictOptions {
   std::string device = "auto";
   int threads = 0;
   std::string img_size;  // --img-size (default: the model's own)
+  ImageLimits limits;    // --max-file-mb, --max-pixels
   std::vector<std::string> inputs;
 };
 
@@ -40,22 +42,22 @@ int run_predict(const PredictOptions& options) {
   model.net->to(device);
   model.net->eval();
   const auto files = expand_image_inputs(options.inputs);
-  if (files.empty()) throw std::invalid_argument("no image files found in the given inputs");
 
   nlohmann::json results = nlohmann::json::array();
   int failures = 0;
   auto print_error = [&](const Prediction& image) {
     ++failures;
     log::error(image.error);
+    // Paths and messages are escaped: a file name may hold control bytes, or bytes that are not UTF-8 (JSON needs it).
     if (options.json) {
-      results.push_back({{"image", image.path}, {"error", image.error}});
+      results.push_back({{"image", printable(image.path)}, {"error", printable(image.error)}});
     } else {
-      std::printf("%s: error: %s\n", image.path.c_str(), image.error.c_str());
+      std::printf("%s: error: %s\n", printable(image.path).c_str(), printable(image.error).c_str());
     }
   };
   auto print_prediction = [&](const Prediction& image) {
     nlohmann::json top = nlohmann::json::array();
-    std::string line = image.path + ":";
+    std::string line = printable(image.path) + ":";
     for (size_t k = 0; k < image.top_index.size(); ++k) {
       const int64_t index = image.top_index[k];
       const double p = image.top_prob[k];
@@ -65,7 +67,7 @@ int run_predict(const PredictOptions& options) {
       line += cell;
     }
     if (options.json) {
-      results.push_back({{"image", image.path}, {"topk", top}, {"logits", image.logits}});
+      results.push_back({{"image", printable(image.path)}, {"topk", top}, {"logits", image.logits}});
     } else {
       std::printf("%s\n", line.c_str());
     }
@@ -75,7 +77,7 @@ int run_predict(const PredictOptions& options) {
   Progress progress(static_cast<int64_t>(files.size()), "predict", "img", shown);
   // Printed batch by batch as they come: a batch's errors first, then its classified images. The bar makes way for
   // them: stdout may share its terminal.
-  const vit::PredictOptions batching{options.topk, options.batch_size};
+  const vit::PredictOptions batching{options.topk, options.batch_size, options.limits};
   predict_images(model, files, batching, [&](const std::vector<Prediction>& batch) {
     const bool any_error = std::any_of(batch.begin(), batch.end(), [](const Prediction& p) { return !p.ok(); });
     if (!options.json || any_error) progress.clear();
@@ -89,12 +91,12 @@ int run_predict(const PredictOptions& options) {
     progress.advance(static_cast<int64_t>(batch.size()));
   });
   progress.finish();
-  if (options.json) std::cout << results.dump(2) << "\n";
+  // Class names come from the model file: replaced where not UTF-8 rather than failing the whole report.
+  if (options.json) std::cout << results.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   if (failures > 0) {
     log::error(std::to_string(failures) + " of " + std::to_string(files.size()) + " images could not be classified");
-    return kPartial;
   }
-  return kOk;
+  return inputs_status(failures, files.size());
 }
 #else
 int run_predict(const PredictOptions&) {
@@ -116,6 +118,7 @@ void setup_predict(CLI::App& app, int& status) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_img_size_option(command, options->img_size);
+  add_image_limit_args(command, options->limits);
   add_device_args(command, options->device, options->threads);
   command->add_option("inputs", options->inputs, "image files or directories")->required();
   command->callback([options, &status] { status = run_predict(*options); });

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "commands.h"
 #include "util/fs.h"
 #include "util/log.h"
 
@@ -111,6 +112,25 @@ std::map<int64_t, std::vector<int64_t>> parse_head_mask(const std::string& text)
     }
   }
   return out;
+}
+
+void add_image_limit_args(CLI::App* command, ImageLimits& limits) {
+  command
+      ->add_option_function<int64_t>(
+          "--max-file-mb", [&limits](int64_t megabytes) { limits.max_file_bytes = megabytes << 20; },
+          "refuse, unread, input files larger than this many MiB (default: " +
+              std::to_string(limits.max_file_bytes >> 20) + ")")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  command
+      ->add_option("--max-pixels", limits.max_pixels,
+                   "refuse, undecoded, images whose header declares more pixels (width x height)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+}
+
+int inputs_status(size_t failures, size_t inputs) {
+  if (failures == 0) return kOk;
+  return failures < inputs ? kPartial : kError;
 }
 
 void add_device_args(CLI::App* command, std::string& device, int& threads) {

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "config/config.h"
+#include "data/image.h"
 #include "io/model_file.h"
 
 namespace vit::app {
@@ -49,5 +50,10 @@ CLI::Validator enum_choice() {
 }
 
 void add_device_args(CLI::App* command, std::string& device, int& threads);
+// --max-file-mb and --max-pixels: the limits checked on every input image before it is decoded (predict, embed,
+// export-attention).
+void add_image_limit_args(CLI::App* command, ImageLimits& limits);
+// The exit status of a command over many inputs: ok, partial (3) when some failed, an error (1) when all did.
+int inputs_status(size_t failures, size_t inputs);
 
 }  // namespace vit::app

@@ -1,6 +1,7 @@
 // `vit`: the command-line entry point. Only this file decides exit codes: every error is caught here, logged once.
 #include <c10/util/Exception.h>
 
+#include <csignal>
 #include <iostream>
 
 #include "commands.h"
@@ -11,10 +12,13 @@
 int main(int argc, char** argv) {
   using namespace vit::app;
   vit::configure_allocator();
+  // Past a file-size limit (ulimit -f) a write then fails with EFBIG, reported like a full disk, instead of the
+  // default SIGXFSZ killing the process mid-checkpoint.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"vit " VIT_VERSION
                ": train, evaluate and inspect Vision Transformers.\n\n"
                "Exit status: 0 success; 1 runtime error (unreadable or corrupt file, diverged training, ...); "
-               "2 bad command line or config; 3 some inputs failed, the rest were processed; "
+               "2 bad command line or config; 3 some inputs failed, the rest were processed (1 when all failed); "
                "130 interrupted (checkpoints intact)."};
   app.require_subcommand(1);
   app.set_version_flag("--version", VIT_VERSION);

@@ -1,6 +1,7 @@
 // The command line end to end: timm parity through `vit predict --json`, preprocessing parity on the reference
 // PNGs, `vit info`, and bad inputs (each a clear one-line error naming the file and a non-zero exit status).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -198,6 +199,69 @@ TEST_F(CliBadFiles, MissingCheckpointAndBadFlags) {
   EXPECT_EQ(result.status, 2);
   result = test::run_vit("frobnicate");
   EXPECT_EQ(result.status, 2);
+}
+
+// Each bad command-line input fails alone, named, while the good ones are classified; nothing waits on a FIFO or
+// reads /dev/zero forever; limits refuse big files and bombs undecoded; names are escaped in text and JSON output.
+TEST(CliHostileInputs, EachBadInputFailsAloneAndTheRestAreClassified) {
+  test::TempDir dir;
+  const std::string good = data_path("tiny32/chelsea.png");
+  const std::string fifo = dir.file("pipe.jpg");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string zero = dir.file("zero.jpg");
+  fs::create_symlink("/dev/zero", zero);
+  const std::string folder = dir.file("folder.jpg");  // a directory named like an image, with nothing in it
+  fs::create_directory(folder);
+  const std::string missing = dir.file("missing.png");
+  const std::string big = dir.file("big.png");
+  test::write_bytes(big, std::string(2 << 20, 'x'));  // 2 MiB, over --max-file-mb 1
+  const std::string bomb = dir.file("bomb.png");      // a header declaring 5e9 pixels
+  auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+                       static_cast<char>(v)};
+  };
+  test::write_bytes(bomb, std::string("\x89PNG\r\n\x1a\n", 8) + be32(13) + "IHDR" + be32(100000) + be32(50000) +
+                              std::string("\x08\x02\0\0\0", 5) + be32(0) + be32(0) + "IEND" + be32(0));
+  const std::string evil = dir.file("evil\x1b[31m\xff.png");  // a control sequence and a byte that is not UTF-8
+  test::write_bytes(evil, "not an image");
+
+  const std::string inputs = "'" + fifo + "' '" + good + "' '" + zero + "' '" + folder + "' '" + missing + "' '" +
+                             big + "' '" + bomb + "' '" + evil + "'";
+  const std::string base = "predict --threads 1 --checkpoint " + kWeights + " --config " + kConfig;
+  const std::string command = base + " --max-file-mb 1";
+  const auto result = test::run_vit(command + " " + inputs);
+  EXPECT_EQ(result.status, 3) << result.errors;
+  EXPECT_NE(result.output.find(good + ": "), std::string::npos) << result.output;
+  const std::pair<std::string, std::string> errors[] = {
+      {fifo, "is a FIFO (named pipe), not a regular file"},
+      {zero, "is a character device, not a regular file"},
+      {folder, "is a directory with no image files in it"},
+      {missing, "cannot open for reading: No such file or directory"},
+      {big, "2097152 bytes is over the limit of 1048576 bytes for this file"},
+      {bomb, "PNG of 100000x50000 is 5000000000 pixels, over the limit of 178956970"},
+      {dir.file("evil\\x1b[31m\\xff.png"), "not an image format vit decodes"}};
+  for (const auto& [path, phrase] : errors) {
+    EXPECT_NE(result.output.find(path + ": error: " + path + ": " + phrase), std::string::npos)
+        << path << ": " << phrase << "\n" << result.output;
+  }
+  EXPECT_EQ(result.output.find('\x1b'), std::string::npos) << "a raw escape byte reached stdout";
+  EXPECT_EQ(result.errors.find('\x1b'), std::string::npos) << "a raw escape byte reached stderr";
+
+  // JSON stays valid UTF-8 with such a name in it.
+  const auto as_json = test::run_vit(command + " --json '" + good + "' '" + evil + "'");
+  EXPECT_EQ(as_json.status, 3) << as_json.errors;
+  const json report = json::parse(as_json.output);
+  ASSERT_EQ(report.size(), 2u);
+  const json& failed = report[0].contains("error") ? report[0] : report[1];  // a batch's errors come first
+  EXPECT_EQ(failed["image"], dir.file("evil\\x1b[31m\\xff.png"));
+
+  // All inputs failed: a runtime error, not a partial success. A raised limit lets the big file through (to fail as
+  // what it is: not an image).
+  const auto none = test::run_vit(command + " '" + missing + "' '" + folder + "'");
+  EXPECT_EQ(none.status, 1) << none.errors;
+  const auto raised = test::run_vit(base + " --max-file-mb 4 '" + big + "'");
+  EXPECT_NE(raised.output.find(big + ": error: " + big + ": not an image format vit decodes"), std::string::npos)
+      << raised.output;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "data/augment.h"
 #include "image/decode.h"
+#include "util/fs.h"
 #include "test_util.h"
 
 namespace vit {
@@ -72,6 +73,91 @@ TEST(DecodeFormats, ChannelsAndDepths) {
   EXPECT_NEAR(jpeg.pixels[2], 40, 3);
 }
 
+// Every format vit decodes has its size read from the header alone, as OpenCV then decodes it.
+TEST(ImageHeaders, SizesOfEveryFormatMatchTheDecodedImage) {
+  for (const char* extension : {".jpg", ".png", ".bmp", ".tiff", ".webp", ".ppm", ".pgm"}) {
+    const bool grey = std::string(extension) == ".pgm";
+    std::vector<uint8_t> encoded;
+    ASSERT_TRUE(cv::imencode(extension, noise_image(37, 53, grey ? CV_8UC1 : CV_8UC3, 5), encoded));
+    const std::string bytes(encoded.begin(), encoded.end());
+    const ImageHeader header = read_image_header(bytes, extension);
+    EXPECT_EQ(header.height, 37) << extension;
+    EXPECT_EQ(header.width, 53) << extension;
+    const RawImage image = decode_image_bytes(bytes, extension);
+    EXPECT_EQ(image.height, 37) << extension;
+  }
+  // Lossless and alpha WebP carry their size in other chunks (VP8L, VP8X).
+  for (const int type : {CV_8UC3, CV_8UC4}) {
+    std::vector<uint8_t> encoded;
+    ASSERT_TRUE(cv::imencode(".webp", noise_image(9, 300, type, 6), encoded, {cv::IMWRITE_WEBP_QUALITY, 101}));
+    const ImageHeader header = read_image_header(std::string(encoded.begin(), encoded.end()), "lossless.webp");
+    EXPECT_EQ(header.height, 9);
+    EXPECT_EQ(header.width, 300);
+  }
+}
+
+// A header that declares more pixels than the limit fails at once, before any decoding: the files below hold only
+// their headers, so decoding them could not succeed anyway, but the message says the size.
+TEST(ImageHeaders, DecompressionBombsFailOnTheirHeader) {
+  auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+                       static_cast<char>(v)};
+  };
+  auto le32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16),
+                       static_cast<char>(v >> 24)};
+  };
+  const std::string png = std::string("\x89PNG\r\n\x1a\n", 8) + be32(13) + "IHDR" + be32(100000) + be32(50000) +
+                          std::string("\x08\x02\0\0\0", 5) + be32(0) + be32(0) + "IEND" + be32(0);
+  const std::string bmp = "BM" + le32(0) + le32(0) + le32(54) + le32(40) + le32(30000) + le32(30000) +
+                          std::string(28, '\0');
+  const std::string pnm = "P6\n# a comment\n40000 40000\n255\n";
+  const std::string webp = "RIFF" + le32(30) + "WEBPVP8X" + le32(10) + std::string(4, '\0') +
+                           std::string("\xff\xff\x3f\xff\xff\x3f", 6);  // 4194304 x 4194304
+  const std::pair<std::string, std::string> bombs[] = {{"bomb.png", png}, {"bomb.bmp", bmp}, {"bomb.ppm", pnm},
+                                                       {"bomb.webp", webp}};
+  for (const auto& bomb : bombs) {
+    const std::string& name = bomb.first;
+    const std::string message = error_of([&] { decode_image_bytes(bomb.second, name); });
+    EXPECT_EQ(message.rfind(name + ": ", 0), 0u) << message;
+    EXPECT_NE(message.find("pixels, over the limit of 178956970"), std::string::npos) << message;
+  }
+  EXPECT_NE(error_of([&] { decode_image_bytes(png, "bomb.png"); }).find("PNG of 100000x50000 is 5000000000 pixels"),
+            std::string::npos);
+  // The limit is the caller's: a small image over a tiny limit fails the same way, under it decodes.
+  std::vector<uint8_t> encoded;
+  ASSERT_TRUE(cv::imencode(".png", noise_image(10, 10, CV_8UC3, 7), encoded));
+  const std::string small(encoded.begin(), encoded.end());
+  EXPECT_NE(error_of([&] { decode_image_bytes(small, "s.png", ImageLimits{1 << 20, 99}); }).find("over the limit of 99"),
+            std::string::npos);
+  EXPECT_EQ(decode_image_bytes(small, "s.png", ImageLimits{1 << 20, 100}).width, 10);
+
+  // Formats outside the list, and headers cut short or declaring nothing, fail by name.
+  EXPECT_NE(error_of([&] { decode_image_bytes("GIF89a\x01\0\x01\0", "a.gif"); }).find("not an image format vit decodes"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { decode_image_bytes(png.substr(0, 20), "cut.png"); }).find("PNG header cut short"),
+            std::string::npos);
+  const std::string zero_png = std::string("\x89PNG\r\n\x1a\n", 8) + be32(13) + "IHDR" + be32(0) + be32(7);
+  EXPECT_NE(error_of([&] { decode_image_bytes(zero_png, "zero.png"); }).find("header declares a size of 0x7"),
+            std::string::npos);
+}
+
+// From a path, the file-size limit applies before the file is read.
+TEST(ImageHeaders, FilesOverTheSizeLimitAreNotRead) {
+  TempDir dir;
+  std::vector<uint8_t> encoded;
+  ASSERT_TRUE(cv::imencode(".png", noise_image(64, 64, CV_8UC3, 8), encoded));
+  write_bytes(dir / "noise.png", std::string(encoded.begin(), encoded.end()));
+  const ImageLimits limits{static_cast<int64_t>(encoded.size()) - 1, 178956970};
+  EXPECT_EQ(error_of([&] { decode_image(dir / "noise.png", limits); }),
+            dir / "noise.png" + ": " + std::to_string(encoded.size()) + " bytes is over the limit of " +
+                std::to_string(encoded.size() - 1) + " bytes for this file");
+  EXPECT_EQ(decode_image(dir / "noise.png").width, 64);
+  vit::make_dirs(dir / "folder.png");
+  EXPECT_EQ(error_of([&] { decode_image(dir / "folder.png"); }),
+            dir / "folder.png" + ": is a directory with no image files in it");
+}
+
 TEST(DecodeErrors, BrokenFilesNameTheFile) {
   TempDir dir;
   write_bytes(dir / "empty.png", "");
@@ -92,7 +178,8 @@ TEST(DecodeErrors, BrokenFilesNameTheFile) {
   expect_error(dir / "cut.png", "truncated PNG");
 
   write_bytes(dir / "text.jpg", "this is not an image\n");
-  expect_error(dir / "text.jpg", "not a decodable image (format not recognised or corrupt)");
+  expect_error(dir / "text.jpg", "not an image format vit decodes (JPEG, PNG, BMP, TIFF, WebP, PNM); the file starts "
+                                 "with bytes 74 68 69 73");
 
   const std::string missing = dir / "missing.png";
   EXPECT_NE(error_of([&] { decode_image(missing); }).find(missing), std::string::npos);

@@ -67,7 +67,7 @@ TEST(Predict, BrokenAndMissingFilesGetErrorsOthersAreClassifiedInInputOrder) {
   test::TempDir dir;
   const Inputs inputs = write_inputs(dir);
   auto model = tiny_model();
-  const auto predictions = predict_images(model, inputs.paths, {/*topk=*/3, /*batch_size=*/2});
+  const auto predictions = predict_images(model, inputs.paths, {/*topk=*/3, /*batch_size=*/2, ImageLimits{}});
   ASSERT_EQ(predictions.size(), inputs.paths.size());
   for (size_t i = 0; i < predictions.size(); ++i) {
     const auto& p = predictions[i];
@@ -88,9 +88,9 @@ TEST(Predict, LogitsDoNotDependOnTheBatchSizeAndMatchOneForward) {
   test::TempDir dir;
   const Inputs inputs = write_inputs(dir);
   auto model = tiny_model();
-  const auto one = predict_images(model, inputs.paths, {/*topk=*/kClasses, /*batch_size=*/1});
+  const auto one = predict_images(model, inputs.paths, {/*topk=*/kClasses, /*batch_size=*/1, ImageLimits{}});
   for (const int64_t batch_size : {3, 16}) {
-    const auto many = predict_images(model, inputs.paths, {/*topk=*/kClasses, /*batch_size=*/batch_size});
+    const auto many = predict_images(model, inputs.paths, {/*topk=*/kClasses, /*batch_size=*/batch_size, ImageLimits{}});
     ASSERT_EQ(many.size(), one.size());
     double worst = 0;
     for (size_t i = 0; i < one.size(); ++i) {
@@ -117,7 +117,7 @@ TEST(Predict, TopkIsSortedInRangeCappedAndTheSoftmaxOfTheLogits) {
   const Inputs inputs = write_inputs(dir);
   auto model = tiny_model();
   for (const int64_t topk : {int64_t{1}, int64_t{3}, int64_t{50}}) {
-    for (const auto& p : predict_images(model, inputs.paths, {topk, /*batch_size=*/4})) {
+    for (const auto& p : predict_images(model, inputs.paths, {topk, /*batch_size=*/4, ImageLimits{}})) {
       if (!p.ok()) continue;
       const auto expected_count = static_cast<size_t>(std::min(topk, kClasses));
       ASSERT_EQ(p.top_index.size(), expected_count);
@@ -148,22 +148,22 @@ TEST(Predict, BatchesArriveInOrderAndBadOptionsThrow) {
   auto model = tiny_model();
   std::vector<size_t> sizes;
   std::vector<std::string> order;
-  predict_images(model, inputs.paths, {/*topk=*/2, /*batch_size=*/3}, [&](const std::vector<Prediction>& batch) {
+  predict_images(model, inputs.paths, {/*topk=*/2, /*batch_size=*/3, ImageLimits{}}, [&](const std::vector<Prediction>& batch) {
     sizes.push_back(batch.size());
     for (const auto& p : batch) order.push_back(p.path);
   });
   EXPECT_EQ(sizes, (std::vector<size_t>{3, 3, 1}));
   EXPECT_EQ(order, inputs.paths);
   EXPECT_TRUE(predict_images(model, {}, {}).empty());
-  EXPECT_THROW(predict_images(model, inputs.paths, {/*topk=*/0, /*batch_size=*/2}), std::invalid_argument);
-  EXPECT_THROW(predict_images(model, inputs.paths, {/*topk=*/1, /*batch_size=*/0}), std::invalid_argument);
+  EXPECT_THROW(predict_images(model, inputs.paths, {/*topk=*/0, /*batch_size=*/2, ImageLimits{}}), std::invalid_argument);
+  EXPECT_THROW(predict_images(model, inputs.paths, {/*topk=*/1, /*batch_size=*/0, ImageLimits{}}), std::invalid_argument);
 }
 
 TEST(PrepareImages, InputsAtTheModelsSizeAndTheOriginalsOnRequest) {
   test::TempDir dir;
   const Inputs inputs = write_inputs(dir);
   const auto model = tiny_model();
-  const auto images = prepare_images(inputs.paths, model.preprocess, model.model, /*keep_bgr=*/true);
+  const auto images = prepare_images(inputs.paths, model.preprocess, model.model, ImageLimits{}, /*keep_bgr=*/true);
   ASSERT_EQ(images.size(), inputs.paths.size());
   int64_t prepared = 0;
   for (size_t i = 0; i < images.size(); ++i) {
@@ -180,7 +180,7 @@ TEST(PrepareImages, InputsAtTheModelsSizeAndTheOriginalsOnRequest) {
   EXPECT_EQ(images[0].image_bgr.rows, 40);  // a.png at its own size
   EXPECT_EQ(images[0].image_bgr.cols, 56);
   EXPECT_EQ(stack_inputs(images).sizes(), (std::vector<int64_t>{prepared, 3, 32, 32}));
-  EXPECT_TRUE(prepare_images(inputs.paths, model.preprocess, model.model)[0].image_bgr.empty());
+  EXPECT_TRUE(prepare_images(inputs.paths, model.preprocess, model.model, ImageLimits{})[0].image_bgr.empty());
   EXPECT_FALSE(stack_inputs({}).defined());
 }
 

@@ -26,6 +26,14 @@ struct ImageSize {
   int64_t height = 0, width = 0, channels = 0;
 };
 
+// What an image file may cost before it is decoded: both limits are checked on the file's size and its header,
+// without decoding, so a decompression bomb or a huge file fails at once. The defaults hold every real photo.
+// (OpenCV refuses over 2^30 pixels whatever these say.)
+struct ImageLimits {
+  int64_t max_file_bytes = int64_t{1} << 30;  // 1 GiB: larger files are refused unread
+  int64_t max_pixels = 178956970;             // width x height from the header: PIL's DecompressionBombError limit
+};
+
 // A rectangle of an image, in its pixels: rows [top, top + height), columns [left, left + width).
 struct ImageWindow {
   int64_t top = 0, left = 0, height = 0, width = 0;

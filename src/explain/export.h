@@ -12,6 +12,7 @@
 #include <opencv2/imgproc.hpp>
 #include <torch/torch.h>
 
+#include "data/image.h"
 #include "explain/rollout.h"
 #include "io/model_file.h"
 
@@ -37,6 +38,7 @@ const ExplainMethod& explain_method(MapMethod id);
 std::vector<MapMethod> parse_methods(const std::string& text);
 
 struct ExportOptions {
+  ImageLimits limits;                 // per input file: larger files and images are refused undecoded
   std::vector<int64_t> layers;        // blocks whose attn_<layer>.npy/.png and grid rows are written (empty = all)
   std::vector<int64_t> heads;         // heads shown in the grid and averaged in attn_<layer>.png (empty = all)
   std::vector<MapMethod> methods = {MapMethod::rollout};  // maps written as <key>.npy / <key>.png, in this order

@@ -19,7 +19,7 @@ ExportRun export_images(LoadedModel& model, const std::vector<std::string>& path
     const auto start = std::chrono::steady_clock::now();
     auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     const PreparedImage image =
-        std::move(prepare_images({path}, model.preprocess, model.model, /*keep_bgr=*/true).front());
+        std::move(prepare_images({path}, model.preprocess, model.model, options.limits, /*keep_bgr=*/true).front());
     if (!image.ok()) {
       run.errors.push_back({path, image.error});
       if (on_image) on_image(path, nullptr, image.error, seconds());

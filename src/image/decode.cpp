@@ -2,9 +2,14 @@
 // file with only a warning on stderr, so JPEG and PNG streams are walked for their end marker first.
 #include "image/decode.h"
 
+#include <algorithm>
+#include <cctype>
 #include <csetjmp>
+#include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
@@ -104,20 +109,6 @@ void quiet_opencv() {
 
 bool is_jpeg(const std::string& bytes) { return starts_with(bytes, "\xFF\xD8\xFF", 3); }
 
-// What the decoders would not say clearly themselves: empty, cut-short and oversized files.
-void check_encoded(const std::string& bytes, const std::string& path) {
-  if (bytes.empty()) throw std::runtime_error(path + ": empty file (0 bytes)");
-  if (is_jpeg(bytes) && jpeg_stream(bytes) == Stream::truncated) {
-    throw std::runtime_error(path + ": truncated JPEG (no end-of-image marker; the file is cut short)");
-  }
-  if (starts_with(bytes, "\x89PNG\r\n\x1A\n", 8) && png_stream(bytes) == Stream::truncated) {
-    throw std::runtime_error(path + ": truncated PNG (no IEND chunk; the file is cut short)");
-  }
-  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
-    throw std::runtime_error(path + ": " + std::to_string(bytes.size()) + " bytes is too large to decode (2 GiB max)");
-  }
-}
-
 // ---- libjpeg, for windows at reduced scale ----
 
 // libjpeg reports errors by calling error_exit, which must not return: it jumps back to the setjmp of the call that
@@ -186,6 +177,163 @@ bool run_jpeg(const std::string& bytes, JpegHeader& header, const JpegWindowRequ
   return true;
 }
 
+// ---- headers: the size an image declares, read without decoding ----
+
+uint32_t be16(const unsigned char* p) { return (uint32_t{p[0]} << 8) | p[1]; }
+uint32_t le16(const unsigned char* p) { return (uint32_t{p[1]} << 8) | p[0]; }
+uint32_t be32(const unsigned char* p) { return (be16(p) << 16) | be16(p + 2); }
+uint32_t le32(const unsigned char* p) { return (le16(p + 2) << 16) | le16(p); }
+
+std::string hex_prefix(const std::string& bytes) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < std::min<size_t>(bytes.size(), 4); ++i) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    out += std::string(i ? " " : "") + kHex[c >> 4] + kHex[c & 15];
+  }
+  return out;
+}
+
+// TIFF: the first image file directory's ImageWidth (256) and ImageLength (257), SHORT or LONG.
+bool tiff_size(const unsigned char* data, size_t size, int64_t& height, int64_t& width) {
+  const bool little = data[0] == 'I';
+  const auto u16 = [&](size_t at) { return little ? le16(data + at) : be16(data + at); };
+  const auto u32 = [&](size_t at) { return little ? le32(data + at) : be32(data + at); };
+  const size_t directory = u32(4);
+  if (directory > size || size - directory < 2) return false;
+  const size_t entries = u16(directory);
+  for (size_t i = 0; i < entries; ++i) {
+    const size_t at = directory + 2 + 12 * i;
+    if (at + 12 > size) return false;
+    const uint32_t tag = u16(at), type = u16(at + 2);
+    if (tag != 256 && tag != 257) continue;
+    int64_t value = -1;
+    if (type == 3) value = u16(at + 8);  // SHORT, left-justified in the value field
+    if (type == 4) value = u32(at + 8);  // LONG
+    (tag == 256 ? width : height) = value;
+  }
+  return width >= 0 && height >= 0;
+}
+
+// PNM: "P1".."P6", then width and height as decimal numbers, with whitespace and # comments between.
+bool pnm_size(const unsigned char* data, size_t size, int64_t& height, int64_t& width) {
+  size_t pos = 2;
+  const auto number = [&](int64_t& out) {
+    for (;;) {
+      while (pos < size && std::isspace(data[pos])) ++pos;
+      if (pos < size && data[pos] == '#') {
+        while (pos < size && data[pos] != '\n' && data[pos] != '\r') ++pos;
+        continue;
+      }
+      break;
+    }
+    if (pos >= size || !std::isdigit(data[pos])) return false;
+    out = 0;
+    for (; pos < size && std::isdigit(data[pos]); ++pos) {
+      out = out * 10 + (data[pos] - '0');
+      if (out > (int64_t{1} << 40)) return false;  // far past any limit; stops the overflow
+    }
+    return true;
+  };
+  return number(width) && number(height);
+}
+
+}  // namespace
+
+ImageHeader read_image_header(const std::string& bytes, const std::string& path_for_errors) {
+  const std::string& path = path_for_errors;
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t size = bytes.size();
+  if (size == 0) throw std::runtime_error(path + ": empty file (0 bytes)");
+  ImageHeader header;
+  auto cut_short = [&]() {
+    return std::runtime_error(path + ": " + header.format + " header cut short or malformed (" +
+                              std::to_string(size) + " bytes)");
+  };
+  if (is_jpeg(bytes)) {
+    header.format = "JPEG";
+    JpegHeader jpeg;
+    JpegError error;
+    if (!run_jpeg(bytes, jpeg, nullptr, nullptr, nullptr, error)) {
+      throw std::runtime_error(path + ": not a decodable JPEG (" + std::string(error.message) + ")");
+    }
+    header.height = jpeg.height;
+    header.width = jpeg.width;
+  } else if (starts_with(bytes, "\x89PNG\r\n\x1A\n", 8)) {
+    header.format = "PNG";
+    if (size < 24 || std::memcmp(data + 12, "IHDR", 4) != 0) throw cut_short();
+    header.width = be32(data + 16);
+    header.height = be32(data + 20);
+  } else if (starts_with(bytes, "BM", 2)) {
+    header.format = "BMP";
+    if (size < 26) throw cut_short();
+    if (le32(data + 14) == 12) {  // OS/2 BITMAPCOREHEADER: 16-bit sizes
+      header.width = le16(data + 18);
+      header.height = le16(data + 20);
+    } else {
+      header.width = static_cast<int32_t>(le32(data + 18));
+      // A negative height is a top-down bitmap.
+      header.height = std::abs(static_cast<int64_t>(static_cast<int32_t>(le32(data + 22))));
+    }
+  } else if (starts_with(bytes, "II*\0", 4) || starts_with(bytes, "MM\0*", 4)) {
+    header.format = "TIFF";
+    if (size < 8 || !tiff_size(data, size, header.height, header.width)) throw cut_short();
+  } else if (starts_with(bytes, "RIFF", 4) && size >= 12 && std::memcmp(data + 8, "WEBP", 4) == 0) {
+    header.format = "WebP";
+    if (size < 30) throw cut_short();
+    if (std::memcmp(data + 12, "VP8 ", 4) == 0) {  // lossy: the key frame's 14-bit sizes
+      if (data[23] != 0x9D || data[24] != 0x01 || data[25] != 0x2A) throw cut_short();
+      header.width = le16(data + 26) & 0x3FFF;
+      header.height = le16(data + 28) & 0x3FFF;
+    } else if (std::memcmp(data + 12, "VP8L", 4) == 0) {  // lossless: 14-bit sizes minus one after 0x2F
+      if (data[20] != 0x2F) throw cut_short();
+      const uint32_t bits = le32(data + 21);
+      header.width = (bits & 0x3FFF) + 1;
+      header.height = ((bits >> 14) & 0x3FFF) + 1;
+    } else if (std::memcmp(data + 12, "VP8X", 4) == 0) {  // extended: the canvas's 24-bit sizes minus one
+      header.width = 1 + (le32(data + 24) & 0xFFFFFF);
+      header.height = 1 + (le32(data + 27) & 0xFFFFFF);
+    } else {
+      throw cut_short();
+    }
+  } else if (size >= 2 && data[0] == 'P' && data[1] >= '1' && data[1] <= '6') {
+    header.format = "PNM";
+    if (!pnm_size(data, size, header.height, header.width)) throw cut_short();
+  } else {
+    throw std::runtime_error(path + ": not an image format vit decodes (JPEG, PNG, BMP, TIFF, WebP, PNM); the file "
+                             "starts with bytes " + hex_prefix(bytes));
+  }
+  if (header.width <= 0 || header.height <= 0) {
+    throw std::runtime_error(path + ": " + header.format + " header declares a size of " +
+                             std::to_string(header.width) + "x" + std::to_string(header.height));
+  }
+  return header;
+}
+
+namespace {
+
+// What the decoders would not say clearly themselves: empty, cut-short, oversized and unsupported files, each before
+// any pixel is decoded.
+void check_encoded(const std::string& bytes, const std::string& path, const ImageLimits& limits) {
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    throw std::runtime_error(path + ": " + std::to_string(bytes.size()) + " bytes is too large to decode (2 GiB max)");
+  }
+  const ImageHeader header = read_image_header(bytes, path);
+  const uint64_t pixels = static_cast<uint64_t>(header.width) * static_cast<uint64_t>(header.height);
+  if (pixels > static_cast<uint64_t>(limits.max_pixels)) {
+    throw std::runtime_error(path + ": " + header.format + " of " + std::to_string(header.width) + "x" +
+                             std::to_string(header.height) + " is " + std::to_string(pixels) +
+                             " pixels, over the limit of " + std::to_string(limits.max_pixels) +
+                             " (a decompression bomb?); --max-pixels raises it");
+  }
+  if (is_jpeg(bytes) && jpeg_stream(bytes) == Stream::truncated) {
+    throw std::runtime_error(path + ": truncated JPEG (no end-of-image marker; the file is cut short)");
+  }
+  if (std::strcmp(header.format, "PNG") == 0 && png_stream(bytes) == Stream::truncated) {
+    throw std::runtime_error(path + ": truncated PNG (no IEND chunk; the file is cut short)");
+  }
+}
+
 }  // namespace
 
 std::optional<ImageSize> jpeg_size(const std::string& bytes) {
@@ -200,7 +348,7 @@ std::optional<ImageSize> jpeg_size(const std::string& bytes) {
 RawImage decode_jpeg_window(const std::string& bytes, const std::string& path_for_errors, const ImageWindow& window,
                             int scale) {
   const std::string& path = path_for_errors;
-  check_encoded(bytes, path);
+  check_encoded(bytes, path, ImageLimits{});
   if (scale != 1 && scale != 2 && scale != 4 && scale != 8) {
     throw std::invalid_argument(path + ": JPEG scale 1/" + std::to_string(scale) + " is not 1, 1/2, 1/4 or 1/8");
   }
@@ -234,16 +382,23 @@ RawImage decode_jpeg_window(const std::string& bytes, const std::string& path_fo
 }
 
 std::shared_ptr<const ImageCodec> image_codec() {
-  static const auto codec = std::make_shared<const ImageCodec>(ImageCodec{decode_image_bytes, jpeg_size,
-                                                                          decode_jpeg_window});
+  static const auto codec = std::make_shared<const ImageCodec>(ImageCodec{
+      [](const std::string& bytes, const std::string& name) { return decode_image_bytes(bytes, name); }, jpeg_size,
+      decode_jpeg_window});
   return codec;
 }
 
-RawImage decode_image(const std::string& path) { return decode_image_bytes(read_file(path), path); }
+RawImage decode_image(const std::string& path, const ImageLimits& limits) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    throw std::runtime_error(path + ": is a directory with no image files in it");
+  }
+  return decode_image_bytes(read_regular_file(path, static_cast<uint64_t>(limits.max_file_bytes)), path, limits);
+}
 
-RawImage decode_image_bytes(const std::string& bytes, const std::string& path_for_errors) {
+RawImage decode_image_bytes(const std::string& bytes, const std::string& path_for_errors, const ImageLimits& limits) {
   const std::string& path = path_for_errors;
-  check_encoded(bytes, path);
+  check_encoded(bytes, path, limits);
   quiet_opencv();
 
   const cv::Mat encoded(1, static_cast<int>(bytes.size()), CV_8UC1, const_cast<char*>(bytes.data()));

@@ -126,7 +126,8 @@ Embeddings embed_images(LoadedModel& model, const std::vector<std::string>& path
 
   c10::InferenceMode inference;
   for_each_prepared_batch(
-      paths, static_cast<size_t>(options.batch_size), model.preprocess, model.model, /*overlap=*/device.is_cuda(),
+      paths, static_cast<size_t>(options.batch_size), model.preprocess, model.model, options.limits,
+      /*overlap=*/device.is_cuda(),
       [&](const std::vector<PreparedImage>& images) {
         std::vector<EmbeddedImage> batch(images.size());
         for (size_t i = 0; i < images.size(); ++i) {

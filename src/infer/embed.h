@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include "config/enum_names.h"
+#include "data/image.h"
 #include "io/model_file.h"
 
 namespace vit {
@@ -30,6 +31,7 @@ struct EmbedOptions {
   // default_block_pool(). Set without layers: applied to forward_features' tokens (after the final norm).
   std::optional<EmbedPool> pool;
   int64_t batch_size = 16;  // images per forward pass
+  ImageLimits limits;       // per input file: larger files and images are refused undecoded
 };
 
 // One input image, in input order.

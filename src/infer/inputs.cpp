@@ -15,7 +15,7 @@
 namespace vit {
 
 std::vector<PreparedImage> prepare_images(const std::vector<std::string>& paths, const Preprocess& preprocess,
-                                          const ModelConfig& model, bool keep_bgr) {
+                                          const ModelConfig& model, const ImageLimits& limits, bool keep_bgr) {
   std::vector<PreparedImage> images(paths.size());
   const Normalizer normalizer(preprocess, model.in_chans);
   at::parallel_for(0, static_cast<int64_t>(paths.size()), 1, [&](int64_t begin, int64_t end) {
@@ -24,7 +24,7 @@ std::vector<PreparedImage> prepare_images(const std::vector<std::string>& paths,
       image.path = paths[i];
       try {
         // The RawImage dies at the end of this block: of a large photo only the BGR copy (if kept) stays alive.
-        const RawImage raw = decode_image(image.path);
+        const RawImage raw = decode_image(image.path, limits);
         image.input = vit::preprocess(raw, preprocess, normalizer, model.img_h, model.img_w);
         if (keep_bgr) image.image_bgr = to_bgr(raw);
       } catch (const std::exception& e) {
@@ -39,13 +39,13 @@ std::vector<PreparedImage> prepare_images(const std::vector<std::string>& paths,
 }
 
 void for_each_prepared_batch(const std::vector<std::string>& paths, size_t batch_size, const Preprocess& preprocess,
-                             const ModelConfig& model, bool overlap,
+                             const ModelConfig& model, const ImageLimits& limits, bool overlap,
                              const std::function<void(const std::vector<PreparedImage>& batch)>& on_batch) {
   if (batch_size == 0) throw std::invalid_argument("for_each_prepared_batch: batch size must be positive");
   auto prepare = [&](size_t start) {
     const std::vector<std::string> chunk(paths.begin() + start,
                                          paths.begin() + std::min(paths.size(), start + batch_size));
-    return prepare_images(chunk, preprocess, model);
+    return prepare_images(chunk, preprocess, model, limits);
   };
   std::future<std::vector<PreparedImage>> next;
   if (overlap && !paths.empty()) next = std::async(std::launch::async, prepare, 0);

@@ -54,7 +54,7 @@ void predict_images(LoadedModel& model, const std::vector<std::string>& paths, c
   const torch::Device device = model.net->parameters().front().device();
   c10::InferenceMode inference;
   for_each_prepared_batch(paths, static_cast<size_t>(options.batch_size), model.preprocess, model.model,
-                          /*overlap=*/device.is_cuda(), [&](const std::vector<PreparedImage>& images) {
+                          options.limits, /*overlap=*/device.is_cuda(), [&](const std::vector<PreparedImage>& images) {
                             on_batch(classify(model, images, topk, device));
                           });
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "data/image.h"
 #include "io/model_file.h"
 
 namespace vit {
@@ -14,6 +15,7 @@ namespace vit {
 struct PredictOptions {
   int64_t topk = 5;         // classes per image, capped at the model's num_classes
   int64_t batch_size = 16;  // images per forward pass
+  ImageLimits limits;       // per input file: larger files and images are refused undecoded
 };
 
 struct Prediction {

@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <stdexcept>
@@ -47,6 +48,8 @@ const char* const kPickleNames[] = {"pytorch_model.bin", "model.bin", "open_clip
                                     "checkpoint.pth", "model.pt"};
 
 bool starts_like_pickle(const std::string& path) {
+  std::error_code error;  // anything but a regular file is refused by the reader, with its kind named
+  if (!std::filesystem::is_regular_file(path, error)) return false;
   std::ifstream in(path, std::ios::binary);
   unsigned char head[8] = {};
   in.read(reinterpret_cast<char*>(head), 8);
@@ -113,7 +116,10 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
   // by the patch, resampling the position embedding as timm's dynamic_img_size does.
   const std::set<std::string> harmless = {"weight_init", "fix_init", "pos_drop_rate", "patch_drop_rate",
                                           "pretrained_cfg_overlay", "dynamic_img_size"};
-  for (const auto& [key, value] : args.items()) {
+  for (const auto& item : args.items()) {
+    // Not a structured binding: C++17 lambdas cannot capture one (clang refuses; the sanitizer build uses clang).
+    const std::string& key = item.key();
+    const json& value = item.value();
     const std::string where = "model_args." + key;
     auto number = [&]() -> double {
       if (!value.is_number()) fail(file, where + ": " + show(value) + " is not a number");

@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "util/text.h"
 #include "vit/build_config.h"
 
 #if spdlog_FOUND
@@ -22,9 +23,11 @@ namespace {
 std::mutex prefix_mutex;
 std::string prefix;
 
+// Messages quote file names and file content: escaped, so a hostile name cannot drive the terminal, and one
+// message stays one line.
 std::string with_prefix(const std::string& message) {
   std::lock_guard<std::mutex> lock(prefix_mutex);
-  return prefix.empty() ? message : prefix + message;
+  return prefix + printable(message);
 }
 
 #if spdlog_FOUND
