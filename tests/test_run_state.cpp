@@ -85,7 +85,44 @@ TEST(RunStateFile, OtherFilesAndVersionsFailNamingTheFile) {
   EXPECT_EQ(error.rfind(newer + ": training state format_version \"2\"; this vit reads version 1", 0), 0u) << error;
   safetensors::write(newer, {{"params", torch::zeros({3})}},
                      {{"format", "vit-train-state"}, {"format_version", "1"}, {"state", R"({"epoch": 1})"}});
-  EXPECT_EQ(error_of([&] { read_run_state(newer); }).rfind(newer + ": training state: ", 0), 0u);
+  EXPECT_EQ(error_of([&] { read_run_state(newer); }),
+            newer + ": training state: \"step_in_epoch\" is missing (a damaged state file: resume from a copy, or "
+                    "start again with --init-from)");
+}
+
+// Every missing or mistyped progress field is named, down to one history record's.
+TEST(RunStateFile, EachMissingOrMistypedKeyIsNamed) {
+  const json good = to_json(sample_state());
+  for (const auto& item : good.items()) {
+    if (item.key() == "history") continue;
+    json missing = good;
+    missing.erase(item.key());
+    EXPECT_NE(error_of([&] { run_state_from_json(missing, "s"); }).find("s: training state: \"" + item.key() +
+                                                                         "\" is missing"),
+              std::string::npos)
+        << item.key();
+    json mistyped = good;
+    mistyped[item.key()] = "7";
+    EXPECT_NE(error_of([&] { run_state_from_json(mistyped, "s"); }).find("\"" + item.key() + "\" is \"7\", not "),
+              std::string::npos)
+        << item.key();
+  }
+  json fractional = good;
+  fractional["global_step"] = 1.5;
+  EXPECT_NE(error_of([&] { run_state_from_json(fractional, "s"); }).find("\"global_step\" is 1.5, not an integer"),
+            std::string::npos);
+  ASSERT_FALSE(good["history"].empty());
+  json record = good;
+  record["history"][0].erase("train_loss");
+  EXPECT_NE(error_of([&] { run_state_from_json(record, "s"); }).find("history[0]: \"train_loss\" is missing"),
+            std::string::npos)
+      << error_of([&] { run_state_from_json(record, "s"); });
+  json listless = good;
+  listless["history"] = 3;
+  EXPECT_NE(error_of([&] { run_state_from_json(listless, "s"); }).find("\"history\" is 3, not a list"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { run_state_from_json(json::array(), "s"); }).find("is array, not an object"),
+            std::string::npos);
 }
 
 TEST(LossScaler, FollowsGradScalersDefaults) {

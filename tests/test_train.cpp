@@ -8,6 +8,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +21,7 @@
 #include "model/vit.h"
 #include "test_util.h"
 #include "train/optimizer.h"
+#include "train/run_dir.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
 #include "vit/build_config.h"
@@ -244,6 +248,80 @@ TEST_P(TrainResume, ResumedRunEndsBitIdenticalToStraightRun) {
 
 INSTANTIATE_TEST_SUITE_P(Signals, TrainResume, ::testing::Values(SIGTERM, SIGKILL),
                          [](const auto& info) { return info.param == SIGKILL ? "SIGKILL" : "SIGTERM"; });
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A full disk at a checkpoint (here a file-size limit that the state file is over, set with the shell's ulimit so it
+// works in any CI container): the run stops with exit 1 and a message naming the file, and every file it had written
+// before is byte for byte as it was, with no temp file left behind.
+TEST(TrainErrors, FullDiskAtACheckpointKeepsThePreviousFiles) {
+  test::TempDir dir;
+  test::write_idx_dataset(dir.file("data"), 512, 64);
+  const auto config = write_config(dir.path(), dir.file("data"), {{"epochs", 3}, {"checkpoint_interval", 4}});
+  const std::string run = dir.file("run");
+  test::run_vit_and_kill("train --config '" + config + "' --out '" + run + "'", run + "/state.safetensors", SIGKILL);
+  std::map<std::string, std::string> before;  // every file of the run, as the killed process left it
+  for (const auto& entry : fs::directory_iterator(run)) {
+    if (entry.is_regular_file()) before[entry.path().filename().string()] = file_bytes(entry.path().string());
+  }
+  ASSERT_GT(before["state.safetensors"].size(), 128u << 10);
+  // 128 blocks: 64 KiB (dash counts 512-byte blocks) or 128 KiB (bash, 1024): under the state and model files, over
+  // config.json and the metrics lines.
+  const auto full = test::run_vit("train --resume '" + run + "'", "ulimit -f 128; ");
+  EXPECT_EQ(full.status, 1) << full.errors;
+  EXPECT_NE(full.errors.find("File too large; the previous " + run + "/"), std::string::npos) << full.errors;
+  for (const auto& [name, bytes] : before) {
+    if (name == "metrics.jsonl" || name == "train.lock") continue;  // grow with the resumed steps; its pid
+    EXPECT_TRUE(file_bytes(run + "/" + name) == bytes) << name;
+  }
+  for (const auto& entry : fs::directory_iterator(run)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(before.count(name) || name.find(".tmp.") == std::string::npos) << "left behind: " << name;
+  }
+}
+
+// Two `vit train` on one run directory: the second stops at once, naming the first's pid; once the first is gone
+// (even by SIGKILL, which runs no clean-up) the lock is free again and the run resumes.
+TEST(TrainErrors, ASecondRunOnTheSameDirectoryRefusesAndACrashedOneLeavesNoStuckLock) {
+  test::TempDir dir;
+  test::write_idx_dataset(dir.file("data"), 512, 64);
+  const auto config = write_config(dir.path(), dir.file("data"), {{"epochs", 1000}, {"checkpoint_interval", 3}});
+  const std::string run = dir.file("run");
+  const pid_t first = ::fork();
+  ASSERT_GE(first, 0);
+  if (first == 0) {
+    const std::string out = dir.file("first.log");
+    const std::string command = std::string("exec '") + VIT_BINARY + "' train --config '" + config + "' --out '" +
+                                run + "' >'" + out + "' 2>&1";
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(run + "/state.safetensors") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(fs::exists(run + "/state.safetensors")) << file_bytes(dir.file("first.log"));
+
+  const auto start = std::chrono::steady_clock::now();
+  const auto second = test::run_vit("train --resume '" + run + "'");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto other = test::run_vit("train --config '" + config + "' --out '" + run + "'");
+  ::kill(first, SIGKILL);
+  int status = 0;
+  ::waitpid(first, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status)) << "the first run ended before it was killed: " << file_bytes(dir.file("first.log"));
+  EXPECT_EQ(second.status, 1) << second.errors;
+  const std::string in_use = run + ": in use by another vit train (pid " + std::to_string(first) + ", holding " +
+                             run + "/train.lock)";
+  EXPECT_NE(second.errors.find(in_use), std::string::npos) << second.errors;
+  EXPECT_NE(other.errors.find(in_use), std::string::npos) << other.errors;
+  std::cout << "second run refused after " << seconds << " s\n";
+
+  EXPECT_NO_THROW(RunLock{run}) << "the killed run's lock is free";
+}
 
 TEST(TrainErrors, NanLossStopsWithClearErrorAndKeepsCheckpoint) {
   test::TempDir dir;

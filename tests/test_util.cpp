@@ -69,10 +69,11 @@ int run_vit_and_kill(const std::string& arguments, const std::string& wait_for, 
   return status;
 }
 
-CommandResult run_vit(const std::string& arguments) {
+CommandResult run_vit(const std::string& arguments, const std::string& shell_prefix) {
   TempDir scratch;
   const std::string out = scratch.file("stdout"), err = scratch.file("stderr");
-  const std::string command = std::string("'") + VIT_BINARY + "' " + arguments + " >'" + out + "' 2>'" + err + "'";
+  const std::string command =
+      shell_prefix + "'" + VIT_BINARY + "' " + arguments + " >'" + out + "' 2>'" + err + "'";
   const int raw = std::system(command.c_str());
   CommandResult result;
   result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;

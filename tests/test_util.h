@@ -86,8 +86,9 @@ struct CommandResult {
   std::string output;  // stdout
   std::string errors;  // stderr
 };
-// Runs `vit <arguments>` (arguments are passed to /bin/sh, quote as needed).
-CommandResult run_vit(const std::string& arguments);
+// Runs `vit <arguments>` (arguments are passed to /bin/sh, quote as needed), after `shell_prefix` (e.g. "ulimit -f
+// 64; ") in the same shell.
+CommandResult run_vit(const std::string& arguments, const std::string& shell_prefix = "");
 // Runs `vit ARGUMENTS`, sends it `signal` as soon as `wait_for` exists (a run's first resume state), and returns
 // its wait status.
 int run_vit_and_kill(const std::string& arguments, const std::string& wait_for, int signal);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iomanip>
 #include <sstream>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -30,10 +31,18 @@ json to_json(const EpochRecord& record) {
 
 EpochRecord epoch_record_from_json(const json& j) {
   EpochRecord record;
-  record.epoch = j.at("epoch").get<int64_t>();
+  if (!j.is_object()) throw std::runtime_error("is " + std::string(j.type_name()) + ", not an object");
+  const auto epoch = j.find("epoch");
+  if (epoch == j.end()) throw std::runtime_error("\"epoch\" is missing");
+  if (!epoch->is_number_integer()) throw std::runtime_error("\"epoch\" is " + epoch->dump() + ", not an integer");
+  record.epoch = epoch->get<int64_t>();
   visit_numbers(record, [&](const char* key, double& value) {
-    const auto& v = j.at(key);
-    value = v.is_number() ? v.get<double>() : std::nan("");
+    const auto v = j.find(key);
+    if (v == j.end()) throw std::runtime_error("\"" + std::string(key) + "\" is missing");
+    if (!v->is_number() && !v->is_null()) {
+      throw std::runtime_error("\"" + std::string(key) + "\" is " + v->dump() + ", not a number");
+    }
+    value = v->is_number() ? v->get<double>() : std::nan("");  // null: NaN (JSON has none)
   });
   return record;
 }

@@ -22,6 +22,25 @@ std::string new_run_name(const std::string& config_name);
 // runs folder can move); a failure is a warning, never an error.
 void point_latest(const std::string& output_root, const std::string& run_dir);
 
+// The run directory's lock file, <dir>/train.lock, held by the process that trains into it: a second `vit train`
+// (a --resume of the same run, an --out naming it) refuses at once, naming the holder's pid. The lock is a flock on
+// the open file: the kernel drops it when the holder exits in any way, SIGKILL included, so a crashed run never leaves
+// it stuck; the file itself stays, holding the last holder's pid.
+class RunLock {
+ public:
+  RunLock() = default;  // holds nothing (ranks other than the main one)
+  // Takes the lock of an existing directory or throws "<dir>: in use by another vit train (pid N)...".
+  explicit RunLock(const std::string& dir);
+  RunLock(RunLock&& other) noexcept;
+  RunLock& operator=(RunLock&& other) noexcept;
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+  ~RunLock();
+
+ private:
+  int fd_ = -1;
+};
+
 class RunDirectory {
  public:
   // Creates the directory, writes config.json (what --resume reads back), starts metrics.jsonl empty, or for a
@@ -33,7 +52,7 @@ class RunDirectory {
   std::string file(const std::string& name) const { return path_ + "/" + name; }
   bool writer() const { return writer_; }
 
-  // Appends one JSON line to metrics.jsonl and flushes it.
+  // Appends one JSON line to metrics.jsonl and flushes it; throws naming the file when the write fails (a full disk).
   void append_metrics(const nlohmann::json& line);
   // metrics.jsonl's length after a flush (saved in the resume state).
   uint64_t metrics_bytes();

@@ -1,6 +1,9 @@
 // The resume state file: its progress JSON and its format checks.
 #include "train/run_state.h"
 
+#include <stdexcept>
+#include <type_traits>
+
 #include <nlohmann/json.hpp>
 
 #include "util/fields.h"
@@ -17,6 +20,21 @@ void visit_fields(State& s, Visit&& visit) {
                    epoch_images, best_top1, elapsed_seconds, seconds_to_target, metrics_bytes, loss_scale, good_steps);
 }
 
+// Reads `key` into `out`, or throws naming the key: missing, or not a number of the field's kind.
+template <typename T>
+void read_number(const json& object, const std::string& key, T& out) {
+  const auto it = object.find(key);
+  if (it == object.end()) throw std::runtime_error("\"" + key + "\" is missing");
+  const bool fits = std::is_floating_point_v<T> ? it->is_number()
+                    : std::is_unsigned_v<T>     ? it->is_number_unsigned()
+                                                : it->is_number_integer();
+  if (!fits) {
+    throw std::runtime_error("\"" + key + "\" is " + it->dump() + ", not " +
+                             (std::is_floating_point_v<T> ? "a number" : "an integer"));
+  }
+  out = it->get<T>();
+}
+
 }  // namespace
 
 json to_json(const RunState& s) {
@@ -29,14 +47,23 @@ json to_json(const RunState& s) {
 
 RunState run_state_from_json(const json& j, const std::string& source) {
   RunState s;
+  std::string where = "";
   try {
+    if (!j.is_object()) throw std::runtime_error("is " + std::string(j.type_name()) + ", not an object");
     visit_fields(s, [&](const char* key, auto& value) {
-      const bool renamed = std::string(key) == "seconds_to_target" && !j.contains(key);
-      j.at(renamed ? "seconds_to_90" : key).get_to(value);
+      const bool renamed = std::string(key) == "seconds_to_target" && !j.contains(key) && j.contains("seconds_to_90");
+      read_number(j, renamed ? "seconds_to_90" : key, value);
     });
-    for (const auto& record : j.at("history")) s.history.push_back(epoch_record_from_json(record));
-  } catch (const json::exception& e) {
-    throw std::runtime_error(source + ": training state: " + e.what());
+    const auto history = j.find("history");
+    if (history == j.end()) throw std::runtime_error("\"history\" is missing");
+    if (!history->is_array()) throw std::runtime_error("\"history\" is " + history->dump() + ", not a list");
+    for (size_t i = 0; i < history->size(); ++i) {
+      where = "history[" + std::to_string(i) + "]: ";
+      s.history.push_back(epoch_record_from_json((*history)[i]));
+    }
+  } catch (const std::exception& e) {
+    throw std::runtime_error(source + ": training state: " + where + e.what() +
+                             " (a damaged state file: resume from a copy, or start again with --init-from)");
   }
   return s;
 }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "train/run_dir.h"
 #include "train/run_state.h"
 #include "train/schedule.h"
+#include "util/fs.h"
 #include "util/log.h"
 #include "util/progress.h"
 #include "util/runtime.h"
@@ -115,6 +117,8 @@ class Training {
   Config config_;
   const TrainConfig& tc_ = config_.train;
   const DistEnv env_;
+  const std::string run_dir_;  // this run's directory (--resume's, --out, or a new one under output_root)
+  RunLock lock_;               // held by the main rank from the start: a second run into run_dir_ stops at once
   torch::Device device_;
   std::unique_ptr<Communicator> comm_;
   bool amp_, fp16_;
@@ -145,9 +149,21 @@ class Training {
   double interval_comm_s_ = 0.0;  // waiting for the gradient all-reduce after backward (what overlap left over)
 };
 
+// The lock of a run directory, made first when `create` (a new run); a resumed run's directory must exist.
+RunLock lock_run_dir(const std::string& dir, bool create) {
+  if (create) make_dirs(dir);
+  std::error_code error;
+  if (!std::filesystem::is_directory(dir, error)) throw std::runtime_error(dir + ": no such run directory");
+  return RunLock(dir);
+}
+
 Training::Training(const TrainRequest& request, const TrainHooks& hooks)
     : config_(run_config(request)),
       env_(dist_env_from_environment()),
+      run_dir_(!request.resume_dir.empty() ? request.resume_dir
+               : !request.out_dir.empty()  ? request.out_dir
+                                           : tc_.output_root + "/" + new_run_name(request.config_name)),
+      lock_(env_.rank == 0 ? lock_run_dir(run_dir_, /*create=*/request.resume_dir.empty()) : RunLock()),
       device_((configure_threads(static_cast<int>(config_.train.threads)), training_device(config_.train, env_))),
       comm_(make_communicator(env_, tc_, device_)),
       amp_(tc_.amp != AmpMode::off && device_.is_cuda()),
@@ -230,10 +246,8 @@ Training::Training(const TrainRequest& request, const TrainHooks& hooks)
   torch::manual_seed(mix_seed({tc_.seed, 0x64726f70ULL, static_cast<uint64_t>(env_.rank)}));  // dropout stream
 
   // ---- run directory and resume state ----
-  std::string run_dir = resuming ? request.resume_dir : request.out_dir;
-  if (run_dir.empty()) run_dir = tc_.output_root + "/" + new_run_name(request.config_name);
-  if (resuming) load_resume_state(run_dir + "/state.safetensors");
-  dir_.emplace(run_dir, comm_->is_main(), config_,
+  if (resuming) load_resume_state(run_dir_ + "/state.safetensors");
+  dir_.emplace(run_dir_, comm_->is_main(), config_,
                resuming ? std::optional<uint64_t>(rs_.metrics_bytes) : std::nullopt);
   model_metadata_ = {{"class_source", name_of(config_.data.format)}};
   reached_max_ = tc_.max_steps > 0 && rs_.global_step >= tc_.max_steps;
