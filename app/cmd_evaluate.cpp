@@ -24,6 +24,11 @@
 namespace vit::app {
 namespace {
 
+// Paths and class names need not be UTF-8: bad bytes become U+FFFD rather than failing the report.
+std::string report_text(const nlohmann::json& report) {
+  return report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 struct EvaluateOptions {
   std::string checkpoint;
   ConfigArgs config;
@@ -134,11 +139,11 @@ int run_evaluate(const EvaluateOptions& options) {
       plot_confusion(options.out + "/confusion" + suffix + ".png", s.result.confusion, model.class_names);
 #endif
     }
-    write_file_atomic(options.out + "/report.json", (several ? combined : scored[0].report).dump(2) + "\n");
+    write_file_atomic(options.out + "/report.json", report_text(several ? combined : scored[0].report) + "\n");
     log::info("wrote the confusion matrices (csv, png) and report.json to " + options.out);
   }
   if (options.json) {
-    std::cout << (several ? combined : scored[0].report).dump(2) << "\n";
+    std::cout << report_text(several ? combined : scored[0].report) << "\n";
     return kOk;
   }
   if (several) {

@@ -262,6 +262,18 @@ TEST(CliHostileInputs, EachBadInputFailsAloneAndTheRestAreClassified) {
   const auto raised = test::run_vit(base + " --max-file-mb 4 '" + big + "'");
   EXPECT_NE(raised.output.find(big + ": error: " + big + ": not an image format vit decodes"), std::string::npos)
       << raised.output;
+
+  // embed and export-attention share the inputs path and its exit statuses.
+  const std::string model = " --threads 1 --checkpoint " + kWeights + " --config " + kConfig;
+  const auto embedded = test::run_vit("embed" + model + " --out '" + dir.file("features") + "' '" + good + "' '" +
+                                      fifo + "'");
+  EXPECT_EQ(embedded.status, 3) << embedded.errors;
+  EXPECT_NE(embedded.errors.find(fifo + ": is a FIFO (named pipe), not a regular file"), std::string::npos)
+      << embedded.errors;
+  const auto exported = test::run_vit("export-attention" + model + " --out '" + dir.file("maps") + "' '" + zero + "'");
+  EXPECT_EQ(exported.status, 1) << exported.errors;
+  EXPECT_NE(exported.output.find(zero + ": error: " + zero + ": is a character device"), std::string::npos)
+      << exported.output;
 }
 
 }  // namespace

@@ -142,6 +142,25 @@ TEST(ImageHeaders, DecompressionBombsFailOnTheirHeader) {
             std::string::npos);
 }
 
+// A JPEG of many scans (each one a pass over the whole image when decoded) fails before decoding.
+TEST(ImageHeaders, JpegsWithTooManyScansFailUndecoded) {
+  std::vector<uint8_t> encoded;
+  ASSERT_TRUE(cv::imencode(".jpg", noise_image(16, 16, CV_8UC3, 9), encoded));
+  const std::string jpeg(encoded.begin(), encoded.end());
+  const size_t sos = jpeg.find("\xff\xda");
+  ASSERT_NE(sos, std::string::npos);
+  const std::string head = jpeg.substr(0, sos), scan = jpeg.substr(sos, jpeg.size() - 2 - sos);  // scan without EOI
+  std::string many = head;
+  for (int i = 0; i < 501; ++i) many += scan;
+  many += "\xff\xd9";
+  EXPECT_NE(error_of([&] { decode_image_bytes(many, "many.jpg"); })
+                .find("many.jpg: JPEG with 501 scans, over the limit of 500"),
+            std::string::npos);
+  std::string few = head;
+  for (int i = 0; i < 3; ++i) few += scan;
+  EXPECT_EQ(error_of([&] { read_image_header(few + "\xff\xd9", "few.jpg"); }), "(no error)");
+}
+
 // From a path, the file-size limit applies before the file is read.
 TEST(ImageHeaders, FilesOverTheSizeLimitAreNotRead) {
   TempDir dir;

@@ -215,7 +215,7 @@ TEST(SafetensorsCorrupt, EachDamageNamesTheFileAndValues) {
   expect_header_error(R"({"__metadata__": {"epoch": 3}})", "value for 'epoch'");
   // Control characters in a name must not break the one-line message.
   expect_header_error("{\"bad\\nname\": {\"dtype\": \"X\", \"shape\": [], \"data_offsets\": [0, 0]}}",
-                      "'bad\\x0aname'");
+                      "'bad\\nname'");
 }
 
 TEST(SafetensorsCorrupt, ReadNamesThePathOnDisk) {

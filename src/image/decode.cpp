@@ -30,7 +30,10 @@ enum class Stream { complete, truncated, unknown };
 
 // Walks JPEG segments and entropy-coded data to the EOI marker (0xFFD9). Bytes after EOI are allowed (some writers
 // append data); running out of bytes before EOI is a truncated file. An unexpected layout is left to the decoder.
-Stream jpeg_stream(const std::string& bytes) {
+// Counts the scans (SOS markers) on the way into `scans`: a progressive JPEG of a few kilobytes can hold thousands of
+// tiny scans, each a pass over the whole image.
+Stream jpeg_stream(const std::string& bytes, int64_t& scans) {
+  scans = 0;
   const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
   const size_t size = bytes.size();
   size_t pos = 2;  // after SOI
@@ -48,6 +51,7 @@ Stream jpeg_stream(const std::string& bytes) {
     pos += length;
     if (pos > size) return Stream::truncated;
     if (marker == 0xDA) {
+      ++scans;
       // Entropy-coded scan: runs until a marker other than a stuffed 0xFF00 or a restart marker.
       for (;;) {
         if (pos + 1 >= size) return Stream::truncated;
@@ -326,8 +330,15 @@ void check_encoded(const std::string& bytes, const std::string& path, const Imag
                              " pixels, over the limit of " + std::to_string(limits.max_pixels) +
                              " (a decompression bomb?); --max-pixels raises it");
   }
-  if (is_jpeg(bytes) && jpeg_stream(bytes) == Stream::truncated) {
+  int64_t scans = 0;
+  if (is_jpeg(bytes) && jpeg_stream(bytes, scans) == Stream::truncated) {
     throw std::runtime_error(path + ": truncated JPEG (no end-of-image marker; the file is cut short)");
+  }
+  // libjpeg-turbo's own guard (TurboJPEG's scan limit) stops at 500; real progressive files use about 10.
+  constexpr int64_t kMaxJpegScans = 500;
+  if (scans > kMaxJpegScans) {
+    throw std::runtime_error(path + ": JPEG with " + std::to_string(scans) + " scans, over the limit of " +
+                             std::to_string(kMaxJpegScans) + " (each decodes the whole image again)");
   }
   if (std::strcmp(header.format, "PNG") == 0 && png_stream(bytes) == Stream::truncated) {
     throw std::runtime_error(path + ": truncated PNG (no IEND chunk; the file is cut short)");

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "util/fs.h"
+#include "util/text.h"
 
 // The on-disk integers and tensor data are little-endian and are copied byte for byte.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
@@ -32,21 +33,6 @@ constexpr DType kAllDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::F64,
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
-}
-
-// Names and parser messages come from the file: control bytes are escaped so every error stays one line.
-std::string printable(const std::string& text) {
-  std::string out;
-  for (unsigned char c : text) {
-    if (c < 0x20 || c == 0x7f) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
-      out += escaped;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
 }
 
 // Appended, not "'" + std::string&&: GCC 12 in C++20 mode warns falsely (-Wstringop-overflow) on that.
