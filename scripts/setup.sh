@@ -28,6 +28,11 @@ extras=0
 if ((extras)); then
   packages+=(chromium python3-torch python3-venv)
 fi
+# Sanitizer and fuzzing builds (scripts/sanitize.sh, scripts/fuzz.sh): clang with its ASan/UBSan/libFuzzer runtimes,
+# and llvm-symbolizer for readable reports.
+if [[ "${VIT_SETUP_SANITIZE:-0}" == 1 ]]; then
+  packages+=(clang libclang-rt-14-dev llvm-14)
+fi
 # The reference libraries the interoperability tests compare with, at the versions they were checked against.
 reference_packages=(timm==1.0.31 transformers==5.24.0 safetensors==0.8.0 onnx==1.23.2 onnxruntime==1.32.0
                     numpy==2.4.6 pillow==13.0.0)
