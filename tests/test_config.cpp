@@ -54,6 +54,27 @@ TEST(ConfigParse, ErrorsNamePathValueAndExpectation) {
             "cfg.json: data.mean: 2 values for a model with in_chans 1");
 }
 
+// Upper bounds: a model file's metadata is parsed by this reader, and an absurd architecture must be refused here,
+// before anything is sized by it (and before flops.h's counts could overflow).
+TEST(ConfigParse, ArchitectureBeyondTheBoundsIsRefused) {
+  EXPECT_EQ(error_of(json::parse(R"({"model": {"embed_dim": 1000000000, "num_heads": 1}})")),
+            "cfg.json: model.embed_dim: 1000000000 is out of range [1, 32768]");
+  EXPECT_EQ(error_of(json::parse(R"({"model": {"depth": 4096}})")),
+            "cfg.json: model.depth: 4096 is out of range [1, 1024]");
+  EXPECT_EQ(error_of(json::parse(R"({"model": {"depth": -3}})")), "cfg.json: model.depth: -3 is out of range [1, 1024]");
+  EXPECT_EQ(error_of(json::parse(R"({"model": {"img_size": [224, 9223372036854775807]}})")),
+            "cfg.json: model.img_size: 224x9223372036854775807 is out of range: each side in [1, 65536]");
+  EXPECT_EQ(error_of(json::parse(R"({"model": {"img_size": 4096, "patch_size": 8}})")),
+            "cfg.json: model.img_size: 4096x4096 with patch_size 8 makes 512x512 patches, more than 65536");
+  EXPECT_EQ(error_of(json::parse(R"({"model": {"mlp_ratio": 1e300}})")),
+            "cfg.json: model.mlp_ratio: 1e+300 is out of range (0, 16]");
+  EXPECT_EQ(error_of(json::parse(R"({"model": {"num_classes": 100000000}})")),
+            "cfg.json: model.num_classes: 100000000 is out of range [0, 1048576]");
+  EXPECT_EQ(error_of(json::parse(R"({"model": {"in_chans": 0}})")), "cfg.json: model.in_chans: 0 is out of range [1, 1024]");
+  EXPECT_EQ(error_of(json::parse(R"({"model": {"embed_dim": 64, "num_heads": 128}})")),
+            "cfg.json: model.num_heads: 128 is out of range [1, 64]");
+}
+
 TEST(ConfigOverride, SetAssignsJsonOrStringValues) {
   json doc = json::parse(R"({"model": {"depth": 12}})");
   apply_override(doc, "model.depth=6");
@@ -67,6 +88,21 @@ TEST(ConfigOverride, SetAssignsJsonOrStringValues) {
   EXPECT_EQ(c.data.augment.hflip, 0.5);
   EXPECT_THROW(apply_override(doc, "model.depth"), std::invalid_argument);
   EXPECT_THROW(apply_override(doc, "model..depth=1"), std::invalid_argument);
+}
+
+// A bare-word value that is not UTF-8 used to be accepted, and writing the config back (a run's config.json) then
+// threw nlohmann's "invalid UTF-8 byte" naming neither the key nor the --set. Refused at once, escaped.
+TEST(ConfigOverride, NonUtf8IsRefusedAndControlBytesAreEscaped) {
+  json doc = json::parse("{}");
+  std::string message;
+  try {
+    apply_override(doc, "data.root=/data/\xff\x1b[2J");
+  } catch (const std::invalid_argument& e) {
+    message = e.what();
+  }
+  EXPECT_EQ(message, "--set data.root=/data/\\xff\\x1b[2J: not valid UTF-8");
+  apply_override(doc, "model.depht\x07=3");
+  EXPECT_EQ(error_of(doc), "cfg.json: model.depht\\x07: unknown key");
 }
 
 TEST(ConfigRoundTrip, ToJsonParsesBackToTheSameConfig) {

@@ -1,5 +1,6 @@
-// The IDX (MNIST, Fashion-MNIST) and CIFAR readers of src/data/dataset.h on generated files, their errors, the
-// validation and subset splits, and the seeded random helpers every split and loader order is built on.
+// The IDX (MNIST, Fashion-MNIST), CIFAR and CSV-list readers of src/data/dataset.h on generated files and fuzzer
+// reproducers, their errors, the validation and subset splits, and the seeded random helpers every split and loader
+// order is built on.
 #include <gtest/gtest.h>
 #include <zlib.h>
 
@@ -8,6 +9,7 @@
 
 #include "data/dataset.h"
 #include "test_util.h"
+#include "util/fs.h"
 
 namespace vit {
 namespace {
@@ -135,6 +137,35 @@ TEST(DatasetIdx, LabelOutOfRange) {
   expect_open_error(dir, "train-labels-idx1-ubyte", "label 10");
 }
 
+// Found by fuzz_datasets (tests/data/fuzz/fuzz_datasets/idx_size_overflow: its part A is an image-file header of
+// 41419 images of 3537494247x3998941697): the size product passed 2^63 (signed overflow, UBSan) and could wrap round
+// onto the real file size. Now refused by the header alone.
+TEST(DatasetIdx, HeaderBeyondAnyFileIsRefused) {
+  TempDir dir;
+  write_mnist(dir, 5, 3);
+  // The fuzzer's input: a mode byte, the length of part A (u16, little-endian, cut to what is there), part A.
+  const std::string input = read_file(test::data_path("fuzz/fuzz_datasets/idx_size_overflow"));
+  const size_t length = std::min<size_t>(static_cast<uint8_t>(input[1]) | static_cast<uint8_t>(input[2]) << 8,
+                                         input.size() - 3);
+  write_bytes(dir / "train-images-idx3-ubyte", input.substr(3, length));
+  expect_open_error(dir, "train-images-idx3-ubyte", "header declares 41419 images of 3537494247x3998941697, more than "
+                                                    "any file holds");
+  write_bytes(dir / "train-images-idx3-ubyte",
+              big_endian32(0x803) + big_endian32(0xffffffffu) + big_endian32(0xffffffffu) + big_endian32(0xffffffffu));
+  expect_open_error(dir, "train-images-idx3-ubyte", "more than any file holds");
+  write_bytes(dir / "train-images-idx3-ubyte", idx_images(5, 0, 3));
+  expect_open_error(dir, "train-images-idx3-ubyte", "images of 0x3 pixels");
+}
+
+// A small .gz that expands far beyond what its header declares (a decompression bomb) is read only as far as the
+// header says, plus one byte to tell that it holds more.
+TEST(DatasetIdx, GzipExpandingBeyondItsHeaderIsReadOnlyThatFar) {
+  TempDir dir;
+  write_mnist(dir, 5, 3);
+  write_gz(dir / "t10k-images-idx3-ubyte.gz", idx_images(3, 4, 3) + std::string(64 << 20, '\0'));
+  expect_open_error(dir, "t10k-images-idx3-ubyte.gz", "more than 52 bytes, expected 52 for 3 images of 4x3");
+}
+
 TEST(DatasetIdx, MissingFileSaysWhatWasLookedFor) {
   TempDir dir;
   const std::string message = error_of([&] { open_datasets(dataset_config("mnist", dir.path()), 0, {}); });
@@ -260,6 +291,20 @@ TEST(DatasetFormat, ErrorsNameTheProblem) {
   EXPECT_NE(error_of([&] { open_datasets(config, 0, {}); }).find("built without OpenCV"), std::string::npos);
   config.format = DataFormat::csv;
   EXPECT_NE(error_of([&] { open_datasets(config, 0, {}); }).find("built without OpenCV"), std::string::npos);
+}
+
+// A CSV list only holds paths (nothing is decoded here, so a codec that is never called will do). One stray huge
+// integer label used to number a billion classes ("0".."999999999") before anything else was checked.
+TEST(DatasetCsv, HugeIntegerLabelIsRefusedBeforeNumberingClasses) {
+  TempDir dir;
+  write_bytes(dir / "train.csv", "a.png,0\nb.png,999999999\n");
+  write_bytes(dir / "val.csv", "a.png,0\n");
+  DataConfig config;
+  config.format = DataFormat::csv;
+  config.train_csv = dir / "train.csv";
+  config.val_csv = dir / "val.csv";
+  const std::string message = error_of([&] { open_datasets(config, 0, std::make_shared<ImageCodec>()); });
+  EXPECT_EQ(message, dir / "train.csv" + ":2: label 999999999 makes 1000000000 numbered classes, more than 1048576");
 }
 
 TEST(DatasetRandom, PermutationIsFixedAcrossPlatforms) {

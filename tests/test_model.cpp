@@ -239,5 +239,15 @@ TEST(ModelFile, FinetuneAdaptsHeadAndPositionEmbedding) {
   EXPECT_TRUE(torch::equal(target->pos_embed.select(1, 0), source->pos_embed.select(1, 0)));
 }
 
+// A hostile file (tests/data/fuzz/fuzz_model_file/): a few kilobytes of tensors under metadata that describes
+// embed_dim 8192 and depth 256 (200 billion parameters). Refused before the network is built, naming the sizes.
+TEST(ModelFile, MetadataLargerThanTheFileIsRefusedBeforeBuilding) {
+  const std::string path = test::data_path("fuzz/fuzz_model_file/huge_architecture.safetensors");
+  const std::string message = test::error_of([&] { load_model(path); });
+  EXPECT_EQ(message.rfind(path + ": its metadata describes a model of ", 0), 0u) << message;
+  EXPECT_NE(message.find("embed_dim 8192, depth 256"), std::string::npos) << message;
+  EXPECT_NE(message.find("but the file holds only"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace vit

@@ -13,14 +13,17 @@
 #include "config/timm_architectures.h"
 #include "util/fields.h"
 #include "util/fs.h"
+#include "util/text.h"
 
 namespace vit {
 using nlohmann::json;
 
 namespace {
 
+// Keys and file names come from the user's files: control and non-UTF-8 bytes are escaped, so the error stays one
+// printable line.
 [[noreturn]] void fail(const std::string& source, const std::string& path, const std::string& what) {
-  throw std::invalid_argument(source + ": " + path + ": " + what);
+  throw std::invalid_argument(printable(source + ": " + path + ": " + what));
 }
 
 std::string show(const json& value) { return value.dump(); }
@@ -254,20 +257,28 @@ ModelConfig model_preset(const std::string& name) {
 
 void validate(const ModelConfig& m, const std::string& source) {
   auto path = [](const char* key) { return std::string("model.") + key; };
-  check(m.patch_size > 0, source, path("patch_size"), std::to_string(m.patch_size) + " must be positive");
-  check(m.img_h > 0 && m.img_w > 0, source, path("img_size"),
-        std::to_string(m.img_h) + "x" + std::to_string(m.img_w) + " must be positive");
+  auto in_range = [&](int64_t value, int64_t low, int64_t high, const char* key) {
+    check(value >= low && value <= high, source, path(key),
+          std::to_string(value) + " is out of range [" + std::to_string(low) + ", " + std::to_string(high) + "]");
+  };
+  const std::string size = std::to_string(m.img_h) + "x" + std::to_string(m.img_w);
+  check(m.img_h > 0 && m.img_w > 0 && m.img_h <= kMaxImageSide && m.img_w <= kMaxImageSide, source, path("img_size"),
+        size + " is out of range: each side in [1, " + std::to_string(kMaxImageSide) + "]");
+  in_range(m.patch_size, 1, kMaxImageSide, "patch_size");
   check(m.img_h % m.patch_size == 0 && m.img_w % m.patch_size == 0, source, path("img_size"),
-        std::to_string(m.img_h) + "x" + std::to_string(m.img_w) + " is not divisible by patch_size " +
-            std::to_string(m.patch_size));
-  check(m.in_chans >= 1, source, path("in_chans"), std::to_string(m.in_chans) + " must be at least 1");
-  check(m.num_classes >= 0, source, path("num_classes"), std::to_string(m.num_classes) + " must be >= 0");
-  check(m.embed_dim >= 1, source, path("embed_dim"), std::to_string(m.embed_dim) + " must be positive");
-  check(m.depth >= 1, source, path("depth"), std::to_string(m.depth) + " must be at least 1");
-  check(m.num_heads >= 1, source, path("num_heads"), std::to_string(m.num_heads) + " must be at least 1");
+        size + " is not divisible by patch_size " + std::to_string(m.patch_size));
+  check(m.grid_h() * m.grid_w() <= kMaxPatches, source, path("img_size"),
+        size + " with patch_size " + std::to_string(m.patch_size) + " makes " + std::to_string(m.grid_h()) + "x" +
+            std::to_string(m.grid_w()) + " patches, more than " + std::to_string(kMaxPatches));
+  in_range(m.in_chans, 1, kMaxInChans, "in_chans");
+  in_range(m.num_classes, 0, kMaxClasses, "num_classes");
+  in_range(m.embed_dim, 1, kMaxEmbedDim, "embed_dim");
+  in_range(m.depth, 1, kMaxDepth, "depth");
+  in_range(m.num_heads, 1, m.embed_dim, "num_heads");
   check(m.embed_dim % m.num_heads == 0, source, path("num_heads"),
         std::to_string(m.num_heads) + " does not divide embed_dim " + std::to_string(m.embed_dim));
-  check(m.mlp_ratio > 0, source, path("mlp_ratio"), num(m.mlp_ratio) + " must be positive");
+  check(m.mlp_ratio > 0 && m.mlp_ratio <= kMaxMlpRatio, source, path("mlp_ratio"),
+        num(m.mlp_ratio) + " is out of range (0, " + num(kMaxMlpRatio) + "]");
   check(m.global_pool != GlobalPool::token || m.class_token, source, path("global_pool"),
         "\"token\" pooling needs class_token true (use \"avg\" or \"map\")");
   check(m.reg_tokens >= 0 && m.reg_tokens <= 256, source, path("reg_tokens"),
@@ -563,9 +574,15 @@ Config parse_config(const json& doc, const std::string& source) {
 }
 
 void apply_override(json& doc, const std::string& assignment) {
+  // Keys and bare-word values become JSON strings, which must be UTF-8: a run writes its config back as JSON.
+  try {
+    json(assignment).dump();
+  } catch (const json::type_error&) {
+    throw std::invalid_argument("--set " + printable(assignment) + ": not valid UTF-8");
+  }
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
-    throw std::invalid_argument("--set " + assignment + ": expected key.path=value");
+    throw std::invalid_argument("--set " + printable(assignment) + ": expected key.path=value");
   }
   const std::string key = assignment.substr(0, eq);
   const std::string text = assignment.substr(eq + 1);
@@ -576,8 +593,10 @@ void apply_override(json& doc, const std::string& assignment) {
   while (true) {
     const auto dot = key.find('.', start);
     const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    if (part.empty()) throw std::invalid_argument("--set " + assignment + ": empty key component");
-    if (!node->is_object()) throw std::invalid_argument("--set " + assignment + ": " + key + " is not inside an object");
+    if (part.empty()) throw std::invalid_argument("--set " + printable(assignment) + ": empty key component");
+    if (!node->is_object()) {
+      throw std::invalid_argument("--set " + printable(assignment) + ": " + printable(key) + " is not inside an object");
+    }
     if (dot == std::string::npos) {
       (*node)[part] = value;
       return;
@@ -596,7 +615,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     try {
       doc = json::parse(text, nullptr, true, true);
     } catch (const json::parse_error& e) {
-      throw std::invalid_argument(path + ": not valid JSON: " + e.what());
+      throw std::invalid_argument(printable(path + ": not valid JSON: " + e.what()));
     }
   }
   for (const auto& o : overrides) apply_override(doc, o);

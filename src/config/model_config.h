@@ -62,6 +62,17 @@ struct ModelConfig {
   bool use_fc_norm() const { return fc_norm.value_or(global_pool == GlobalPool::avg); }
 };
 
+// Upper bounds that validate() enforces: far beyond any published ViT, and low enough that every size derived from
+// them (tokens, parameter and MAC counts in model/flops.h) fits in int64, so a hostile file's metadata can neither
+// overflow that arithmetic nor describe an absurd model.
+inline constexpr int64_t kMaxImageSide = 65536;    // img_size, each side
+inline constexpr int64_t kMaxPatches = 65536;      // grid_h * grid_w (a 256 x 256 grid)
+inline constexpr int64_t kMaxInChans = 1024;
+inline constexpr int64_t kMaxEmbedDim = 32768;
+inline constexpr int64_t kMaxDepth = 1024;
+inline constexpr double kMaxMlpRatio = 16.0;
+inline constexpr int64_t kMaxClasses = 1 << 20;    // num_classes; also the most classes a dataset may number
+
 // Names of the presets (vit_tiny_patch16_224, ...).
 std::vector<std::string> preset_names();
 // The preset's model config; throws naming the unknown preset and the known ones.

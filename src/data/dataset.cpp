@@ -235,14 +235,18 @@ class ClassSubsetDataset final : public Dataset {
 
 // ---- file helpers ----
 
-// Reads a raw or gzip-compressed file whole (gzread passes uncompressed files through unchanged).
-std::string read_maybe_gzipped(const std::string& path) {
+// Reads a raw or gzip-compressed file (gzread passes uncompressed files through unchanged), but no more than
+// `max_bytes` + 1 bytes of it: a few kilobytes of .gz can expand to gigabytes, so the caller says how much the file
+// may hold, and a longer result means it holds more.
+std::string read_maybe_gzipped(const std::string& path, uint64_t max_bytes) {
+  require_regular_file(path);  // gzopen would wait on a FIFO
   gzFile file = gzopen(path.c_str(), "rb");
   if (!file) throw std::runtime_error(path + ": cannot open for reading");
   std::string bytes;
   char buffer[1 << 16];
-  for (;;) {
-    const int count = gzread(file, buffer, sizeof buffer);
+  while (bytes.size() <= max_bytes) {
+    const uint64_t wanted = std::min<uint64_t>(sizeof buffer, max_bytes + 1 - bytes.size());
+    const int count = gzread(file, buffer, static_cast<unsigned>(wanted));
     if (count < 0) {
       int code = 0;
       const std::string reason = gzerror(file, &code);
@@ -269,6 +273,12 @@ std::string hex32(uint32_t value) {
   char text[16];
   std::snprintf(text, sizeof text, "0x%08x", value);
   return text;
+}
+
+// "N bytes" for a file read whole, "more than N bytes" for one read_maybe_gzipped stopped after `expected` + 1.
+std::string byte_count_text(size_t size, int64_t expected) {
+  if (static_cast<int64_t>(size) > expected) return "more than " + std::to_string(expected) + " bytes";
+  return std::to_string(size) + " bytes";
 }
 
 // root/name, else root/name.gz.
@@ -310,8 +320,9 @@ std::shared_ptr<const Dataset> load_idx(const std::string& root, const std::stri
                                         const std::vector<std::string>& names) {
   const std::string images_path = find_raw_or_gz(root, prefix + "-images-idx3-ubyte");
   const std::string labels_path = find_raw_or_gz(root, prefix + "-labels-idx1-ubyte");
-  const std::string images = read_maybe_gzipped(images_path);
-  const std::string labels = read_maybe_gzipped(labels_path);
+  // The headers are read first: they say how large each file must be, and no more than that is read.
+  std::string images = read_maybe_gzipped(images_path, 16);
+  std::string labels = read_maybe_gzipped(labels_path, 8);
 
   if (images.size() < 16) {
     throw std::runtime_error(images_path + ": truncated IDX header (" + std::to_string(images.size()) + " bytes)");
@@ -323,9 +334,21 @@ std::shared_ptr<const Dataset> load_idx(const std::string& root, const std::stri
   const int64_t count = read_big_endian32(images, 4);
   const int64_t rows = read_big_endian32(images, 8);
   const int64_t cols = read_big_endian32(images, 12);
-  const int64_t expected_images = 16 + count * rows * cols;
+  if (rows == 0 || cols == 0) {
+    throw std::runtime_error(images_path + ": images of " + std::to_string(rows) + "x" + std::to_string(cols) +
+                             " pixels (corrupt IDX header)");
+  }
+  // Three 32-bit factors: their products can pass 2^63, and must not wrap round onto the file's size.
+  int64_t pixels = 0, expected_images = 0;
+  if (__builtin_mul_overflow(rows, cols, &pixels) || __builtin_mul_overflow(count, pixels, &expected_images) ||
+      __builtin_add_overflow(expected_images, 16, &expected_images)) {
+    throw std::runtime_error(images_path + ": header declares " + std::to_string(count) + " images of " +
+                             std::to_string(rows) + "x" + std::to_string(cols) + ", more than any file holds " +
+                             "(corrupt IDX header)");
+  }
+  images = read_maybe_gzipped(images_path, static_cast<uint64_t>(expected_images));
   if (static_cast<int64_t>(images.size()) != expected_images) {
-    throw std::runtime_error(images_path + ": " + std::to_string(images.size()) + " bytes, expected " +
+    throw std::runtime_error(images_path + ": " + byte_count_text(images.size(), expected_images) + ", expected " +
                              std::to_string(expected_images) + " for " + std::to_string(count) + " images of " +
                              std::to_string(rows) + "x" + std::to_string(cols) + " (truncated or corrupt)");
   }
@@ -341,8 +364,9 @@ std::shared_ptr<const Dataset> load_idx(const std::string& root, const std::stri
     throw std::runtime_error(labels_path + ": " + std::to_string(label_count) + " labels, but " + images_path +
                              " has " + std::to_string(count) + " images");
   }
+  labels = read_maybe_gzipped(labels_path, static_cast<uint64_t>(8 + count));
   if (static_cast<int64_t>(labels.size()) != 8 + count) {
-    throw std::runtime_error(labels_path + ": " + std::to_string(labels.size()) + " bytes, expected " +
+    throw std::runtime_error(labels_path + ": " + byte_count_text(labels.size(), 8 + count) + ", expected " +
                              std::to_string(8 + count) + " for " + std::to_string(count) +
                              " labels (truncated or corrupt)");
   }
@@ -555,12 +579,21 @@ bool is_integer_label(const std::string& label) {
 }
 
 // Classes of the training CSV: "0".."max" when every label is an integer, else the sorted unique names.
-std::vector<std::string> csv_classes(const std::vector<CsvRow>& rows) {
+std::vector<std::string> csv_classes(const std::string& csv_path, const std::vector<CsvRow>& rows) {
   const bool integers =
       std::all_of(rows.begin(), rows.end(), [](const CsvRow& row) { return is_integer_label(row.label); });
   if (integers) {
-    int64_t max_label = 0;
-    for (const CsvRow& row : rows) max_label = std::max<int64_t>(max_label, std::stoll(row.label));
+    const CsvRow* max_row = &rows.front();
+    for (const CsvRow& row : rows) {
+      if (std::stoll(row.label) > std::stoll(max_row->label)) max_row = &row;
+    }
+    // Integer labels number the classes from 0: one stray huge label must not make a billion class names.
+    const int64_t max_label = std::stoll(max_row->label);
+    if (max_label >= kMaxClasses) {
+      throw std::runtime_error(csv_path + ":" + std::to_string(max_row->line) + ": label " + max_row->label +
+                               " makes " + std::to_string(max_label + 1) + " numbered classes, more than " +
+                               std::to_string(kMaxClasses));
+    }
     return numbered_classes(max_label + 1);
   }
   std::set<std::string> unique;
@@ -696,7 +729,7 @@ Splits open_base(const DataConfig& config, const std::shared_ptr<const ImageCode
     require_codec(config, codec);
     if (config.train_csv.empty()) throw std::runtime_error("data.format \"csv\" needs data.train_csv");
     const std::vector<CsvRow> train_rows = read_csv(config.train_csv);
-    const std::vector<std::string> classes = csv_classes(train_rows);
+    const std::vector<std::string> classes = csv_classes(config.train_csv, train_rows);
     splits.train = csv_split(config.train_csv, train_rows, classes, codec);
     if (!config.val_csv.empty()) splits.val = csv_split(config.val_csv, read_csv(config.val_csv), classes, codec);
     if (!config.test_csv.empty()) {

@@ -11,6 +11,7 @@
 
 #include "io/safetensors.h"
 #include "io/snapshot.h"
+#include "model/flops.h"
 
 namespace vit {
 using nlohmann::json;
@@ -33,7 +34,8 @@ void save_model(const std::string& path, VisionTransformer& net, const Preproces
   metadata["format_version"] = std::to_string(kModelFormatVersion);
   metadata["model"] = to_json(net->config()).dump();
   metadata["preprocess"] = to_json(preprocess).dump();
-  metadata["class_names"] = json(class_names).dump();
+  // Class names may be folder names, which need not be UTF-8: bad bytes become U+FFFD rather than failing the save.
+  metadata["class_names"] = json(class_names).dump(-1, ' ', false, json::error_handler_t::replace);
   safetensors::write(path, state_tensors(net), metadata);
 }
 
@@ -236,6 +238,21 @@ void build_and_read(LoadedModel& out, std::map<std::string, std::vector<int64_t>
 
 std::array<int64_t, 2> grid_of(const ModelConfig& m) { return {m.grid_h(), m.grid_w()}; }
 
+// A file's metadata (or a snapshot's config) may describe any model; a damaged or hostile one must not make us
+// allocate what it claims. Its parameters are counted without building it (model/flops.h) and must fit in the
+// file's tensor data at one byte each (U8, the smallest dtype) before the network is built.
+void check_fits_file(const ModelConfig& described, uint64_t data_bytes, const std::string& path,
+                     const std::string& described_by) {
+  int64_t params = 0;
+  for (const auto& cost : layer_costs(described)) params += cost.params;
+  if (static_cast<uint64_t>(params) <= data_bytes) return;
+  throw std::runtime_error(path + ": " + described_by + " describes a model of " + std::to_string(params) +
+                           " parameters (embed_dim " + std::to_string(described.embed_dim) + ", depth " +
+                           std::to_string(described.depth) + ", img_size " +
+                           size_text(described.img_h, described.img_w) + "), but the file holds only " +
+                           std::to_string(data_bytes) + " bytes of tensor data (damaged, or not this model's file)");
+}
+
 }  // namespace
 
 LoadedModel load_model(const std::string& path, const std::optional<Config>& fallback) {
@@ -248,11 +265,12 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
     out.class_names = snapshot.class_names;
     out.sources = snapshot.sources;
     out.sources.emplace_back("weights", snapshot.weights);
+    const SnapshotWeights weights(snapshot);
+    check_fits_file(snapshot.model, weights.file.data_size(), snapshot.weights, "the snapshot's config");
     if (out.class_names.empty()) {
       out.class_names = numbered_classes(out.model.num_classes);
       out.sources.emplace_back("class_names", "numbered (the snapshot names none)");
     }
-    const SnapshotWeights weights(snapshot);
     build_and_read(
         out, weights.shapes(), [&](const std::string& name, torch::Tensor target) { weights.read_into(name, target); },
         grid_of(snapshot.model), snapshot.weights);
@@ -277,6 +295,7 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
     }
     out.has_metadata = true;
     const ModelConfig trained = parse_model_config(metadata_json(metadata, "model", path), path + " (metadata)");
+    check_fits_file(trained, file.data_size(), path, "its metadata");
     old_grid = grid_of(trained);
     out.model = run_model(trained, fallback);
     out.preprocess = parse_preprocess(metadata_json(metadata, "preprocess", path), path + " (metadata)");

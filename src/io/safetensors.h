@@ -64,6 +64,8 @@ class File {
   const std::string& path() const { return path_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  // Bytes of the data section (what all tensors together can hold at most).
+  uint64_t data_size() const { return data_size_; }
   // nullptr when absent.
   const TensorInfo* find(const std::string& name) const;
   // Reads a tensor into `dst`, which must have its shape: straight from the file into a contiguous CPU tensor of
