@@ -165,11 +165,18 @@ TEST(AnyResolution, BadSizesNameTheNearestValidOnes) {
            {"32x40", "width 40 is not a multiple of the patch size 16 (nearest valid: 32 or 48)"},
            {"0", "\"0\" has a zero side"},
            {"big", "\"big\" is not N or HxW"},
-           {"32,64", "lists several sizes; this command takes one"}}) {
+           {"32,64", "lists several sizes; this command takes one"},
+           {"65552x16", "--img-size 65552x16: 65552x16 is too large (each side at most 65536, at most 65536 patches "
+                        "of 16)"},
+           {"99999999999999999999", "99999999999999999999"}}) {
     const auto result = test::run_vit("predict " + base + "--img-size " + bad.option + image);
     EXPECT_NE(result.status, 0) << bad.option;
     EXPECT_NE(result.errors.find(bad.message), std::string::npos) << bad.option << ": " << result.errors;
   }
+  // vit info counts tokens and MACs at the size: a size past the bounds is refused before any count can overflow.
+  const auto huge = test::run_vit("info " + base + "--img-size 999984");
+  EXPECT_EQ(huge.status, 2) << huge.errors;
+  EXPECT_NE(huge.errors.find("999984x999984 is too large"), std::string::npos) << huge.errors;
   const auto info = test::run_vit("info " + base + "--img-size 33");
   EXPECT_NE(info.status, 0);
   EXPECT_NE(info.errors.find("33 is not a multiple of the patch size 16 (nearest valid: 32 or 48)"),

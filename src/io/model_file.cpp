@@ -141,7 +141,11 @@ struct SnapshotWeights {
           throw std::runtime_error(file.path() + ": " + infos[0]->name + " and " + infos[i]->name +
                                    " have shapes that do not stack into " + ours);
         }
-        shape[0] += rest[0];
+        // Parts with a zero dimension hold no data whatever their first: their sum must not wrap.
+        if (__builtin_add_overflow(shape[0], rest[0], &shape[0])) {
+          throw std::runtime_error(file.path() + ": " + infos[0]->name + " and " + infos[i]->name +
+                                   " stack into more rows than any tensor holds (" + ours + ")");
+        }
       }
       out[ours] = shape;
     }
@@ -342,6 +346,12 @@ void check_input_size(const ModelConfig& model, int64_t height, int64_t width, c
                 std::to_string(above) + ")";
   }
   if (!problems.empty()) throw std::invalid_argument(what + ": " + problems);
+  // The same bounds as a config's img_size (config/model_config.h), so that no count of tokens or MACs can overflow.
+  if (height > kMaxImageSide || width > kMaxImageSide || (height / P) * (width / P) > kMaxPatches) {
+    throw std::invalid_argument(what + ": " + size_text(height, width) + " is too large (each side at most " +
+                                std::to_string(kMaxImageSide) + ", at most " + std::to_string(kMaxPatches) +
+                                " patches of " + std::to_string(P) + ")");
+  }
 }
 
 std::string set_input_size(LoadedModel& model, int64_t height, int64_t width, const std::string& what) {
