@@ -14,18 +14,11 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
+#include "scratch.h"
 
 namespace {
 
-// Never destroyed: the exit handler that removes the file runs after static destructors.
-const std::string& config_path() {
-  static const std::string& path = *[] {
-    auto* file = new std::string("/dev/shm/vit-fuzz-config-" + std::to_string(::getpid()) + ".json");
-    std::atexit([] { std::remove(config_path().c_str()); });
-    return file;
-  }();
-  return path;
-}
+std::string config_path() { return vit::fuzz::scratch_dir() + "/config.json"; }
 
 }  // namespace
 

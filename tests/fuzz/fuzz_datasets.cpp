@@ -16,19 +16,11 @@
 #include <string>
 
 #include "data/dataset.h"
+#include "scratch.h"
 
 namespace {
 
-// Never destroyed: the exit handler that removes the folder runs after static destructors.
-const std::string& folder() {
-  static const std::string& dir = *[] {
-    auto* path = new std::string("/dev/shm/vit-fuzz-datasets-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(*path);
-    std::atexit([] { std::filesystem::remove_all(folder()); });
-    return path;
-  }();
-  return dir;
-}
+const std::string& folder() { return vit::fuzz::scratch_dir(); }
 
 void write(const std::string& name, const std::string& bytes) {
   std::ofstream(folder() + "/" + name, std::ios::binary | std::ios::trunc) << bytes;

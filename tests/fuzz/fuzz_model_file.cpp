@@ -17,18 +17,11 @@
 #include "config/config.h"
 #include "io/model_file.h"
 #include "model/flops.h"
+#include "scratch.h"
 
 namespace {
 
-// Never destroyed: the exit handler that removes the file runs after static destructors.
-const std::string& model_path() {
-  static const std::string& path = *[] {
-    auto* file = new std::string("/dev/shm/vit-fuzz-model-" + std::to_string(::getpid()) + ".safetensors");
-    std::atexit([] { std::remove(model_path().c_str()); });
-    return file;
-  }();
-  return path;
-}
+std::string model_path() { return vit::fuzz::scratch_dir() + "/model.safetensors"; }
 
 // The architecture of the plain seed files (scripts/make_fuzz_corpus.py writes the same).
 const vit::Config& tiny_config() {
