@@ -402,6 +402,8 @@ std::shared_ptr<const ImageCodec> image_codec() {
 RawImage decode_image(const std::string& path, const ImageLimits& limits) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
+    std::filesystem::directory_iterator listing(path, error);
+    if (error) throw std::runtime_error(path + ": is a directory that cannot be listed: " + error.message());
     throw std::runtime_error(path + ": is a directory with no image files in it");
   }
   return decode_image_bytes(read_regular_file(path, static_cast<uint64_t>(limits.max_file_bytes)), path, limits);
