@@ -57,12 +57,14 @@ int run_train(const TrainOptions& options) {
   }
   if (dist_env_from_environment().rank != 0) return kOk;  // rank 0 reports for the whole job
   std::printf("run directory: %s\n", result.run_dir.c_str());
-  std::printf("best top-1:    %.2f%%  (final %.2f%%)\n", result.best_top1, result.final_top1);
+  std::printf("best top-1:    %.2f%%  (final %.2f%%; on the validation split)\n", result.best_top1, result.final_top1);
   std::printf("wall time:     %.1f s for %lld steps\n", result.seconds, static_cast<long long>(result.steps));
   if (result.seconds_to_target >= 0) {
     std::printf("time to %s%%:   %.1f s\n", csv_number(result.target_top1).c_str(), result.seconds_to_target);
   }
-  std::printf("best model:    %s/best.safetensors\n", result.run_dir.c_str());
+  std::printf("final model:   %s/final.safetensors (%s weights at the last step)\n", result.run_dir.c_str(),
+              result.final_weights.c_str());
+  std::printf("best model:    %s/best.safetensors (picked on the validation split)\n", result.run_dir.c_str());
   return kOk;
 }
 

@@ -50,6 +50,8 @@ TEST(ConfigParse, ErrorsNamePathValueAndExpectation) {
             "cfg.json: model.img_size: 30x30 is not divisible by patch_size 16");
   EXPECT_EQ(error_of(json::parse(R"({"model": {"preset": "vit_huge"}})")).rfind("cfg.json: model.preset: unknown", 0), 0u);
   EXPECT_EQ(error_of(json::parse(R"({"extra": 1})")), "cfg.json: extra: unknown key");
+  EXPECT_EQ(error_of(json::parse(R"({"train": {"final_weights": "ema"}})")),
+            "cfg.json: train.final_weights: \"ema\" needs train.ema_decay > 0");
   EXPECT_EQ(error_of(json::parse(R"({"model": {"in_chans": 1}, "data": {"mean": [0.5, 0.5], "std": [1, 1]}})")),
             "cfg.json: data.mean: 2 values for a model with in_chans 1");
 }
@@ -137,7 +139,8 @@ const char* const kEveryKey = R"({
                        "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "mix_prob": 0.6, "switch_prob": 0.3}},
   "train": {"epochs": 4, "batch_size": 16, "accum_steps": 2, "lr": 0.002, "min_lr": 0.0001, "warmup_lr": 0.00001,
             "warmup_steps": 10, "warmup_epochs": 1.5, "weight_decay": 0.1, "beta1": 0.8, "beta2": 0.99,
-            "eps": 1e-7, "clip_grad": 2.0, "label_smoothing": 0.2, "ema_decay": 0.99, "layer_decay": 0.75,
+            "eps": 1e-7, "clip_grad": 2.0, "label_smoothing": 0.2, "ema_decay": 0.99, "final_weights": "ema",
+            "layer_decay": 0.75,
             "freeze": ["patch_embed", "blocks.0"], "device": "cpu",
             "amp": "bf16", "threads": 2, "seed": 7, "log_interval": 5, "checkpoint_interval": 20,
             "eval_interval": 2, "max_steps": 30, "target_top1": 88.5, "dist_backend": "gloo",
@@ -199,6 +202,7 @@ TEST(ConfigEnums, EveryClosedSetRejectsOtherSpellingsNamingTheChoices) {
        "data.format: \"imagenet\" is not one of: folder, csv, mnist, fashion_mnist, cifar10, cifar100, wds"},
       {R"({"data": {"on_bad_image": "ignore"}})", "data.on_bad_image: \"ignore\" is not one of: fail, skip"},
       {R"({"train": {"amp": "fp8"}})", "train.amp: \"fp8\" is not one of: off, bf16, fp16"},
+      {R"({"train": {"final_weights": "best"}})", "train.final_weights: \"best\" is not one of: model, ema"},
       {R"({"train": {"dist_backend": "mpi"}})", "train.dist_backend: \"mpi\" is not one of: auto, gloo, nccl"}};
   for (const auto& [doc, message] : cases) EXPECT_EQ(error_of(json::parse(doc)), std::string("cfg.json: ") + message);
   EXPECT_EQ(error_of(json::parse(R"({"train": {"amp": 1}})")), "cfg.json: train.amp: 1 is not a string");

@@ -181,11 +181,11 @@ TEST(TrainOverfit, OneSmallBatchDrivesLossNearZero) {
 TEST(TrainRun, WritesRunDirectoryAndLearns) {
   test::TempDir dir;
   test::write_idx_dataset(dir.file("data"), 512, 128);
-  const auto config = write_config(dir.path(), dir.file("data"), {{"ema_decay", 0.9}});
+  const auto config = write_config(dir.path(), dir.file("data"), {{"ema_decay", 0.9}, {"final_weights", "ema"}});
   const auto result = test::run_vit("train --config '" + config + "' --out '" + dir.file("run") + "'");
   ASSERT_EQ(result.status, 0) << result.errors;
   for (const char* name : {"config.json", "summary.csv", "metrics.jsonl", "last.safetensors", "best.safetensors",
-                           "ema.safetensors", "state.safetensors"}) {
+                           "ema.safetensors", "final.safetensors", "state.safetensors"}) {
     EXPECT_TRUE(fs::exists(dir.file("run/") + name)) << name;
   }
   // The curves are drawn with OpenCV; a core-only build (no OpenCV, e.g. on a GPU machine) trains without them.
@@ -207,6 +207,13 @@ TEST(TrainRun, WritesRunDirectoryAndLearns) {
   EXPECT_GT(lag, 0.0);
   EXPECT_LT(lag, 0.5);
   EXPECT_NE(result.errors.find("EMA top-1"), std::string::npos);
+  // final.safetensors holds the weights the config declared (the EMA at the last step), whatever scored best.
+  const auto final_weights = safetensors::read(dir.file("run/final.safetensors"));
+  for (const auto& info : ema.tensors) {
+    EXPECT_TRUE(torch::equal(final_weights.tensor(info.name), ema.tensor(info))) << info.name;
+  }
+  EXPECT_EQ(final_weights.metadata.at("weights"), "ema");
+  EXPECT_NE(result.output.find("final.safetensors (ema weights"), std::string::npos) << result.output;
   const auto model = load_model(dir.file("run/best.safetensors"));
   EXPECT_EQ(model.class_names, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}));
 }

@@ -334,8 +334,8 @@ template <typename T, typename Visitor>
 void visit_train(T& t, Visitor& v) {
   VIT_VISIT_FIELDS(v, t,
                    epochs, batch_size, accum_steps, lr, min_lr, warmup_lr, warmup_steps, warmup_epochs, weight_decay,
-                   beta1, beta2, eps, clip_grad, label_smoothing, ema_decay, layer_decay, freeze, device, amp, threads,
-                   seed, log_interval, checkpoint_interval, eval_interval, max_steps, target_top1, dist_backend,
+                   beta1, beta2, eps, clip_grad, label_smoothing, ema_decay, final_weights, layer_decay, freeze, device,
+                   amp, threads, seed, log_interval, checkpoint_interval, eval_interval, max_steps, target_top1, dist_backend,
                    dist_timeout_s, output_root);
 }
 
@@ -502,6 +502,8 @@ void validate_train(const TrainConfig& t, const std::string& source) {
   check(t.clip_grad >= 0, source, "train.clip_grad", num(t.clip_grad) + " must be >= 0 (0 = off)");
   check_range(t.label_smoothing, 0, 1, true, source, "train.label_smoothing");
   check_range(t.ema_decay, 0, 1, true, source, "train.ema_decay");
+  check(t.final_weights != FinalWeights::ema || t.ema_decay > 0, source, "train.final_weights",
+        "\"ema\" needs train.ema_decay > 0");
   check(t.layer_decay > 0 && t.layer_decay <= 1, source, "train.layer_decay",
         num(t.layer_decay) + " is out of range (0, 1]");
   for (const auto& prefix : t.freeze) check(!prefix.empty(), source, "train.freeze", "\"\" is not a parameter prefix");

@@ -498,6 +498,7 @@ void Training::end_epoch() {
       best_is_ema = ema_result.top1 > result.top1;
     }
     log::info(message);
+    if (tc_.final_weights == FinalWeights::ema) last_top1_ = ema_result.top1;
     const double top1 = best_is_ema ? ema_result.top1 : result.top1;
     if (top1 > rs_.best_top1) {
       rs_.best_top1 = top1;
@@ -537,9 +538,15 @@ TrainResult Training::finish() {
     log::warn(std::to_string(bad.size()) + " bad images were skipped:");
     for (const auto& b : bad) log::warn("  " + b);
   }
+  // The weights the config declared as its result before training started: the only ones to score on a test set.
+  const bool final_is_ema = tc_.final_weights == FinalWeights::ema;
+  model_metadata_["weights"] = final_is_ema ? "ema" : "model";
+  save_model_file("final.safetensors", final_is_ema ? ema_ : optimizer_->params());
+  model_metadata_["weights"] = "model";
   comm_->barrier();
   TrainResult result;
   result.run_dir = dir_->path();
+  result.final_weights = final_is_ema ? "ema" : "model";
   result.steps = rs_.global_step;
   result.best_top1 = rs_.best_top1;
   result.final_top1 =
