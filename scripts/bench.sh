@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Compares `vit bench` with the same model and training step in plain PyTorch (scripts/bench_pytorch.py) on the same
-# models, batch sizes and thread count. Runs alternate between the two so that drift in machine load hits both; the
-# table shows medians over the repeats and our/PyTorch ratios (higher is better for img/s, lower for latency).
+# Compares `vit bench` with the same model and training step in PyTorch 2.x written timm's way
+# (scripts/bench_pytorch.py: SDPA attention, AdamW fused where PyTorch has it on CPU), eagerly and through
+# torch.compile, and for inference also with onnxruntime running our `vit export --format onnx` file
+# (scripts/bench_onnxruntime.py), on the same models, batch sizes and thread count. Runs alternate between the sides
+# so that drift in machine load hits all; the table shows medians over the repeats, vit/other ratios, and whether
+# the speed goals are met.
 # Then whole `vit predict` processes (scripts/bench_predict.py): one image with ViT-Ti/16 and ViT-B/16 (time and peak
 # memory), and a folder of 1,000 JPEGs (img/s, busy cores).
 # Then the training input pipeline: `vit bench --mode data` against timm's way (scripts/bench_data_timm.py: PyTorch
@@ -11,8 +14,10 @@
 #
 #   scripts/bench.sh [--vit PATH] [--threads N] [--repeats R] [--quick] [--only model|data]
 #
-# Needs a built `vit` (default: build/vit), Debian's python3-torch and python3-pil (/usr/bin/python3) and, for the
-# data part, the project's .venv with torchvision (VIT_SETUP_TEST_EXTRAS=1 scripts/setup.sh).
+# --repeats R: runs per side and case (default 3; medians). --quick: one or two steps of two cases, a smoke test of
+# the script, not a measurement. Needs a built `vit` (default: build/vit); PyTorch 2.x and onnxruntime in the
+# project's .venv (or $VIT_VENV), which VIT_SETUP_TEST_EXTRAS=1 scripts/setup.sh installs, and torch.compile needs g++
+# and Python's headers; the data part needs torchvision in that .venv too (setup.sh does not install it).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,7 +25,6 @@ vit=$root/build/vit
 threads=$(nproc)
 repeats=3
 quick=0
-python=/usr/bin/python3
 venv_python=${VIT_VENV:-$root/.venv}/bin/python
 only=all
 while [ $# -gt 0 ]; do
@@ -30,7 +34,7 @@ while [ $# -gt 0 ]; do
     --repeats) repeats=$2; shift 2 ;;
     --quick) quick=1; shift ;;  # fewer steps: a smoke test of the script, not a measurement
     --only) only=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -95,7 +99,16 @@ for s in dict.fromkeys(r["set"] for r in rows):
 PY
 }
 if [ "$only" = data ]; then bench_data; exit 0; fi
-"$python" -c 'import torch, PIL' 2>/dev/null || { echo "$python cannot import torch and PIL (apt install python3-torch python3-pil)" >&2; exit 1; }
+# The other sides, in the project's virtual environment; a missing one fails here rather than leaving a column empty.
+# (bench_predict.py also uses its PIL and NumPy.)
+versions=$("$venv_python" -c 'import sys, torch, onnxruntime, numpy, PIL
+if int(torch.__version__.split(".")[0]) < 2: sys.exit(f"PyTorch {torch.__version__} is older than 2")
+print(torch.__version__, onnxruntime.__version__)') ||
+  { echo "$venv_python lacks PyTorch 2.x, onnxruntime, NumPy or Pillow (VIT_SETUP_TEST_EXTRAS=1 scripts/setup.sh" \
+         "installs them)" >&2; exit 1; }
+read -r torch_version ort_version <<< "$versions"
+echo "PyTorch $torch_version (eager and torch.compile), onnxruntime $ort_version, $threads threads"
+
 cat > "$work/fashion_mnist.json" <<'EOF'
 {"model": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 128, "depth": 6,
            "num_heads": 4, "mlp_ratio": 2},
@@ -105,75 +118,115 @@ for size in tiny small base; do
   echo "{\"model\": {\"preset\": \"vit_${size}_patch16_224\"}}" > "$work/vit_$size.json"
 done
 
-# name | config | mode | batch | steps | warmup
+# Our ONNX export of a config's model with random weights: bench_predict.py's timm-named file, through `vit export`.
+export_onnx() {
+  local config=$1 preset
+  preset=$("$venv_python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["model"]["preset"])' \
+           "$work/$config.json")
+  "$venv_python" -c 'import sys; sys.path.insert(0, sys.argv[1])
+from bench_predict import save_timm_file
+save_timm_file(sys.argv[2], sys.argv[3])' "$root/scripts" "$work/$config.safetensors" "$preset"
+  "$vit" export --checkpoint "$work/$config.safetensors" --config "$work/$config.json" --format onnx \
+    --out "$work/$config.onnx" >&2 || { echo "vit export --format onnx failed for $config" >&2; exit 1; }
+  rm "$work/$config.safetensors"
+}
+
+# name | config | mode | batch | steps | warmup | goals: side>=ratio or side<=ratio (vit/side; img/s up, latency down)
 cases=()
 if [ -f "$root/configs/fashion_mnist.json" ]; then  # the shipped default
   cp "$root/configs/fashion_mnist.json" "$work/default.json"
-  cases+=("F-MNIST default config train b128|default|train|128|20|3")
+  cases+=("F-MNIST default config train b128|default|train|128|20|3|eager>=1.3 compile>=1.0")
 fi
 cases+=(
-  "F-MNIST 6x128 patch 4 train b128|fashion_mnist|train|128|10|2"
-  "ViT-S/16 train b16|vit_small|train|16|4|1"
-  "ViT-Ti/16 infer b1|vit_tiny|infer|1|30|5"
-  "ViT-B/16 infer b1|vit_base|infer|1|15|3"
+  "F-MNIST 6x128 patch 4 train b128|fashion_mnist|train|128|10|2|eager>=1.3 compile>=1.0"
+  "ViT-S/16 train b16|vit_small|train|16|4|1|eager>=1.1 compile>=1.0"
+  "ViT-Ti/16 infer b1|vit_tiny|infer|1|30|5|eager<=0.8 onnxruntime<=1.0"
+  "ViT-B/16 infer b1|vit_base|infer|1|15|3|eager<=0.8 onnxruntime<=1.0"
 )
 if [ $quick = 1 ]; then
-  cases=("F-MNIST 6x128 patch 4 train b128|fashion_mnist|train|128|2|1" "ViT-Ti/16 infer b1|vit_tiny|infer|1|3|1")
+  cases=("F-MNIST 6x128 patch 4 train b128|fashion_mnist|train|128|2|1|eager>=1.3 compile>=1.0"
+         "ViT-Ti/16 infer b1|vit_tiny|infer|1|3|1|eager<=0.8 onnxruntime<=1.0")
 fi
 
 results=$work/results.jsonl
 load_start=$(cut -d' ' -f1 /proc/loadavg)
 for case in "${cases[@]}"; do
-  IFS='|' read -r name config mode batch steps warmup <<< "$case"
+  IFS='|' read -r name config mode batch steps warmup goals <<< "$case"
   args=(--config "$work/$config.json" --mode "$mode" --batch-size "$batch" --steps "$steps" --warmup "$warmup"
         --threads "$threads" --json)
+  sides=(vit eager compile)
+  if [ "$mode" = infer ]; then
+    sides+=(onnxruntime)
+    [ -f "$work/$config.onnx" ] || export_onnx "$config"
+  fi
   for ((r = 1; r <= repeats; r++)); do
-    for framework in vit pytorch; do
-      echo "[$name] $framework run $r/$repeats" >&2
-      if [ $framework = vit ]; then
-        out=$("$vit" bench --device cpu "${args[@]}")
-      else
-        out=$("$python" "$root/scripts/bench_pytorch.py" "${args[@]}")
-      fi
-      echo "{\"case\": \"$name\", \"mode\": \"$mode\", \"framework\": \"$framework\", \"result\": $out}" >> "$results"
+    for side in "${sides[@]}"; do
+      echo "[$name] $side run $r/$repeats" >&2
+      case $side in
+        vit) out=$("$vit" bench --device cpu "${args[@]}") ;;
+        eager) out=$("$venv_python" "$root/scripts/bench_pytorch.py" "${args[@]}") ;;
+        compile) out=$("$venv_python" "$root/scripts/bench_pytorch.py" "${args[@]}" --compile) ;;
+        onnxruntime) out=$("$venv_python" "$root/scripts/bench_onnxruntime.py" --model "$work/$config.onnx" \
+                         --batch-size "$batch" --steps "$steps" --warmup "$warmup" --threads "$threads" --json) ;;
+      esac
+      echo "{\"case\": \"$name\", \"mode\": \"$mode\", \"goals\": \"$goals\", \"side\": \"$side\", \"result\": $out}" \
+        >> "$results"
     done
   done
 done
 
 load_end=$(cut -d' ' -f1 /proc/loadavg)
 
-"$python" - "$results" "$threads" "$load_start" "$load_end" <<'EOF'
-import json, statistics, sys
+"$venv_python" - "$results" "$threads" "$load_start" "$load_end" "$torch_version" "$ort_version" <<'EOF'
+import json, re, statistics, sys
 
 rows = [json.loads(line) for line in open(sys.argv[1])]
+cases = list(dict.fromkeys(r["case"] for r in rows))
+runs = min(sum(r["case"] == c and r["side"] == "vit" for r in rows) for c in cases)
+adamw = next((r["result"]["adamw"] for r in rows if "adamw" in r["result"]), "-")
+sides = {"eager": "PyTorch 2 eager", "compile": "torch.compile", "onnxruntime": "onnxruntime"}
 print(f"\nCPU: {open('/proc/cpuinfo').read().split('model name')[1].split(':')[1].splitlines()[0].strip()}, "
-      f"{sys.argv[2]} threads; medians of {max(1, len(rows) // 2 // len({r['case'] for r in rows}))} alternating runs\n")
-print("| case | metric | vit | PyTorch | vit / PyTorch | vit, of sgemm peak | PyTorch, of sgemm peak "
-      "| vit, of its oneDNN sgemm peak |")
-print("|---|---|---|---|---|---|---|---|")
-for case in dict.fromkeys(r["case"] for r in rows):
+      f"{sys.argv[2]} threads; medians of {runs} alternating runs; PyTorch {sys.argv[5]} (AdamW {adamw}), "
+      f"onnxruntime {sys.argv[6]}\n")
+print("| case | metric | vit | " + " | ".join(sides.values()) + " | " +
+      " | ".join(f"vit / {s}" for s in sides) + " | vit, of its oneDNN sgemm peak | PyTorch 2 eager, of its sgemm peak |")
+print("|---" * (5 + 2 * len(sides)) + "|")
+goals, compile_s = [], {}
+for case in cases:
     mine = [r for r in rows if r["case"] == case]
-    median = lambda fw, key: statistics.median(r["result"][key] for r in mine if r["framework"] == fw)
-    if mine[0]["mode"] == "train":
-        metric, key = "train img/s", "img_per_s"
-    else:
-        metric, key = "latency p50 (ms)", "latency_ms_p50"
-    ours, theirs = median("vit", key), median("pytorch", key)
-    kernel = [r["result"].get("kernel_peak_fraction") for r in mine if r["framework"] == "vit"]
+    key = "img_per_s" if mine[0]["mode"] == "train" else "latency_ms_p50"
+    metric = "train img/s" if key == "img_per_s" else "latency p50 (ms)"
+    median = lambda side, key=key: statistics.median(r["result"][key] for r in mine if r["side"] == side)
+    present = {side for side in sides if any(r["side"] == side for r in mine)}
+    ours = median("vit")
+    ratio = {side: ours / median(side) for side in present}
+    kernel = [r["result"].get("kernel_peak_fraction") for r in mine if r["side"] == "vit"]
     kernel = f"{100 * statistics.median(kernel):.1f}%" if None not in kernel else "-"
-    print(f"| {case} | {metric} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x "
-          f"| {100 * median('vit', 'peak_fraction'):.1f}% | {100 * median('pytorch', 'peak_fraction'):.1f}% "
-          f"| {kernel} |")
-print(f"\nload average at start {sys.argv[3]}, at end {sys.argv[4]}: other work on the machine distorts multi-thread "
+    eager_peak = f"{100 * statistics.median(r['result']['peak_fraction'] for r in mine if r['side'] == 'eager'):.1f}%"
+    print(f"| {case} | {metric} | {ours:.2f} | "
+          + " | ".join(f"{median(side):.2f}" if side in present else "-" for side in sides) + " | "
+          + " | ".join(f"{ratio[side]:.2f}x" if side in present else "-" for side in sides) + f" | {kernel} | {eager_peak} |")
+    compile_s[case] = [r["result"]["compile_s"] for r in mine if r["side"] == "compile"]
+    for side, op, bound in re.findall(r"(\w+)(>=|<=)([\d.]+)", mine[0]["goals"]):
+        met = ratio[side] >= float(bound) if op == ">=" else ratio[side] <= float(bound)
+        goals.append(f"{case}: {metric} vit / {sides[side]} {op} {bound}x: {ratio[side]:.2f}x, "
+                     + ("met" if met else "NOT met"))
+print("\nRatios are vit / other: for img/s higher is better (vit faster), for latency lower is better.")
+print("\nGoals:")
+for goal in goals:
+    print(f"  {goal}")
+print("\ntorch.compile time (first calls, s): " + "; ".join(
+    f"{case}: " + ", ".join(f"{s:.1f}" for s in times) for case, times in compile_s.items()))
+print(f"load average at start {sys.argv[3]}, at end {sys.argv[4]}: other work on the machine distorts multi-thread "
       "timings badly (OpenMP threads wait for descheduled siblings); rerun on an idle machine if these are not ~0")
-print("sgemm peak (torch::mm, median of runs): vit %.1f GFLOP/s, PyTorch %.1f GFLOP/s" % (
-    statistics.median(r["result"]["peak_gflops"] for r in rows if r["framework"] == "vit"),
-    statistics.median(r["result"]["peak_gflops"] for r in rows if r["framework"] == "pytorch")))
+peak = lambda side: statistics.median(r["result"]["peak_gflops"] for r in rows if r["side"] == side)
+print(f"sgemm peak (torch::mm / torch.mm, median of runs): vit {peak('vit'):.1f} GFLOP/s, "
+      f"PyTorch 2 {peak('eager'):.1f} GFLOP/s")
 EOF
 
 if [ $quick = 1 ]; then
-  "$python" "$root/scripts/bench_predict.py" --vit "$vit" --threads "$threads" --images 16 --repeats 1
+  "$venv_python" "$root/scripts/bench_predict.py" --vit "$vit" --threads "$threads" --images 16 --repeats 1
 else
-  "$python" "$root/scripts/bench_predict.py" --vit "$vit" --threads "$threads" --repeats "$repeats"
+  "$venv_python" "$root/scripts/bench_predict.py" --vit "$vit" --threads "$threads" --repeats "$repeats"
 fi
 [ "$only" = model ] || bench_data

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Whole-process timings of `vit predict`, as a user sees them: start-up, model load, decode, forward, output.
 
-    /usr/bin/python3 scripts/bench_predict.py --vit build/vit [--images 1000] [--repeats 3] [--threads N]
+    .venv/bin/python scripts/bench_predict.py --vit build/vit [--images 1000] [--repeats 3] [--threads N]
 
 Writes ViT-Ti/16 and ViT-B/16 model files with random weights under timm's names (scripts/bench_pytorch.py's
 model), and photo-sized JPEGs (500x375, smooth colour fields plus noise; Python's PIL), then reports the median

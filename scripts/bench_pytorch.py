@@ -1,10 +1,16 @@
-#!/usr/bin/python3
-"""The reference for `vit bench`: the same ViT and training step written the usual PyTorch way (fused qkv Linear,
-matmul-softmax attention, torch.optim.AdamW with timm's two parameter groups, gradient clipping), timed the same way
-on the same synthetic inputs. Reads the model section of the same JSON config (preset + overrides).
+#!/usr/bin/env python3
+"""The reference for `vit bench`: the same ViT and training step written timm's way in PyTorch 2.x (fused qkv Linear,
+F.scaled_dot_product_attention as timm's fused_attn path, torch.optim.AdamW with timm's two parameter groups, fused
+where this PyTorch has a fused CPU kernel, gradient clipping), eager or through torch.compile, timed the same way on
+the same synthetic inputs. Reads the model section of the same JSON config (preset + overrides).
 
-    /usr/bin/python3 scripts/bench_pytorch.py --config CFG [--mode train|infer|both] [--batch-size N]
-        [--steps S] [--warmup W] [--threads N] [--json]
+    .venv/bin/python scripts/bench_pytorch.py --config CFG [--mode train|infer|both] [--batch-size N]
+        [--steps S] [--warmup W] [--threads N] [--compile] [--json]
+
+--compile wraps the model in torch.compile (default mode); as timm's train.py --torchcompile, the loss and the
+optimizer stay eager. The warmup calls absorb the compilation; "compile_s" is the time of the first calls.
+scripts/bench_predict.py (and through it scripts/bench.sh) imports PRESETS, DEFAULTS and VisionTransformer from
+here to write model files with random weights under timm's names.
 """
 import argparse
 import json
@@ -52,7 +58,6 @@ class Attention(nn.Module):
     def __init__(self, dim, num_heads, qkv_bias):
         super().__init__()
         self.num_heads = num_heads
-        self.scale = (dim // num_heads) ** -0.5
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
@@ -60,9 +65,8 @@ class Attention(nn.Module):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, nh, N, hd)
-        attn = (q * self.scale) @ k.transpose(-2, -1)
-        attn = attn.softmax(dim=-1)
-        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        x = F.scaled_dot_product_attention(q, k, v)  # (B, nh, N, hd), scaled by hd ** -0.5
+        x = x.transpose(1, 2).reshape(B, N, C)
         return self.proj(x)
 
 
@@ -120,14 +124,31 @@ def percentile(values, q):
 
 
 def timed(fn, warmup, steps):
-    for _ in range(warmup):
+    """Seconds of each timed call, and of the first warmup call (where torch.compile compiles)."""
+    first = 0.0
+    for i in range(warmup):
+        start = time.perf_counter()
         fn()
+        if i == 0:
+            first = time.perf_counter() - start
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return times
+    return times, first
+
+
+def adamw(model):
+    """torch.optim.AdamW with timm's two parameter groups (no weight decay on biases, norms, pos_embed, cls_token),
+    fused where this PyTorch has a fused kernel for the parameters' device, else the multi-tensor (foreach) path."""
+    decay = [p for n, p in model.named_parameters() if p.ndim > 1 and n not in ("pos_embed", "cls_token")]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim > 1 and n not in ("pos_embed", "cls_token"))]
+    groups = [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}]
+    try:
+        return torch.optim.AdamW(groups, lr=1e-4, fused=True), "fused"
+    except RuntimeError:  # "`fused=True` requires all the params to be floating point Tensors of supported devices"
+        return torch.optim.AdamW(groups, lr=1e-4, foreach=True), "foreach"
 
 
 def sgemm_peak(seconds=0.5, n=1024):
@@ -150,8 +171,14 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (default mode)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if int(torch.__version__.split(".")[0]) < 2:
+        sys.exit(f"{sys.executable} has PyTorch {torch.__version__}; this reference needs PyTorch 2.x "
+                 "(run it with the project's .venv/bin/python: VIT_SETUP_TEST_EXTRAS=1 scripts/setup.sh)")
+    if args.compile and args.warmup < 1:
+        sys.exit("--compile needs --warmup >= 1: the first call compiles and must not be timed")
 
     threads = args.threads or torch.get_num_threads()
     if args.threads:
@@ -159,6 +186,7 @@ def main():
     torch.manual_seed(0)
     margs = model_args(args.config)
     model = VisionTransformer(**margs)
+    forward = torch.compile(model) if args.compile else model
     # Forward MACs of the matmuls and the patch convolution, counted as vit's flops.cpp counts them.
     D, P, L = margs["embed_dim"], margs["patch_size"], margs["depth"]
     patches = (margs["img_h"] // P) * (margs["img_w"] // P)
@@ -168,27 +196,26 @@ def main():
     macs += D * margs["num_classes"]
     peak = sgemm_peak()
     B = args.batch_size
-    result = {"framework": "pytorch " + torch.__version__, "threads": threads, "batch_size": B,
-              "gmacs": macs / 1e9, "peak_gflops": peak}
+    result = {"framework": "pytorch " + torch.__version__, "compile": args.compile, "threads": threads,
+              "batch_size": B, "gmacs": macs / 1e9, "peak_gflops": peak}
+    first_calls = []
 
     if args.mode in ("train", "both"):
-        decay = [p for n, p in model.named_parameters() if p.ndim > 1 and n not in ("pos_embed", "cls_token")]
-        no_decay = [p for n, p in model.named_parameters() if not (p.ndim > 1 and n not in ("pos_embed", "cls_token"))]
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
-                                       {"params": no_decay, "weight_decay": 0.0}], lr=1e-4)
+        optimizer, result["adamw"] = adamw(model)
         images = torch.randn(B, margs["in_chans"], margs["img_h"], margs["img_w"])
         labels = torch.randint(0, max(1, margs["num_classes"]), (B,))
         model.train()
 
         def step():
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(images), labels, label_smoothing=0.1)
+            loss = F.cross_entropy(forward(images), labels, label_smoothing=0.1)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             loss.item()
 
-        times = timed(step, args.warmup, args.steps)
+        times, first = timed(step, args.warmup, args.steps)
+        first_calls.append(first)
         result.update(img_per_s=B * len(times) / sum(times), step_ms_p50=percentile(times, 50) * 1e3,
                       step_ms_p95=percentile(times, 95) * 1e3)
         result["gflops"] = 6.0 * macs * result["img_per_s"] / 1e9
@@ -198,9 +225,11 @@ def main():
         with torch.inference_mode():
             one = torch.randn(1, margs["in_chans"], margs["img_h"], margs["img_w"])
             batch = torch.randn(B, margs["in_chans"], margs["img_h"], margs["img_w"])
-            times = timed(lambda: model(one), args.warmup, args.steps)
+            times, first = timed(lambda: forward(one), args.warmup, args.steps)
+            first_calls.append(first)
             result.update(latency_ms_p50=percentile(times, 50) * 1e3, latency_ms_p95=percentile(times, 95) * 1e3)
-            times = timed(lambda: model(batch), args.warmup, args.steps)
+            times, first = timed(lambda: forward(batch), args.warmup, args.steps)
+            first_calls.append(first)
             result.update(batch_latency_ms_p50=percentile(times, 50) * 1e3,
                           batch_latency_ms_p95=percentile(times, 95) * 1e3,
                           infer_img_per_s=B * len(times) / sum(times))
@@ -208,6 +237,8 @@ def main():
             result["img_per_s"] = result["infer_img_per_s"]
             result["gflops"] = 2.0 * macs * result["infer_img_per_s"] / 1e9
 
+    if args.compile:
+        result["compile_s"] = sum(first_calls)  # each phase's first call: train, eval and a new shape recompile
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     result["peak_fraction"] = result["gflops"] / peak
     if args.json:

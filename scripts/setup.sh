@@ -21,12 +21,13 @@ torch_version=${VIT_TORCH_VERSION:-2.14.1}
 packages=(cmake g++ make pkg-config libopenblas0-openmp libopencv-dev libcli11-dev libspdlog-dev
           nlohmann-json3-dev libgtest-dev googletest zlib1g-dev dataset-fashion-mnist libgloo-dev
           python3 python3-numpy libprotobuf-dev protobuf-compiler libonnx-dev libarchive-dev libjpeg-dev)
-# Test-only extras: Chromium renders the attention gallery page; Debian's PyTorch is the speed baseline; the
-# reference libraries (timm, transformers, onnx, onnxruntime) come from PyPI into the project's virtual environment.
+# Test-only extras: Chromium renders the attention gallery page; the reference libraries (timm, transformers, onnx,
+# onnxruntime) and PyTorch 2.x, also scripts/bench.sh's speed baselines, come from PyPI into the project's virtual
+# environment.
 extras=0
 [[ "${VIT_SETUP_TEST_EXTRAS:-0}" == 1 ]] && extras=1
 if ((extras)); then
-  packages+=(chromium python3-torch python3-venv)
+  packages+=(chromium python3-venv)
 fi
 # Sanitizer and fuzzing builds (scripts/sanitize.sh, scripts/fuzz.sh): clang with its ASan/UBSan/libFuzzer runtimes,
 # and llvm-symbolizer for readable reports.
