@@ -23,6 +23,7 @@ pretrain=(--set 'data.classes=[0,1,2,3,4]' --set data.val_fraction=0.1 --set tra
 # full training set; 60 epochs of 10 steps, no EMA (too few steps for 0.999), last weights.
 small=(--set 'data.classes=[5,6,7,8,9]' --set data.val_fraction=0.1 --set data.train_per_class=100
        --set train.batch_size=50 --set train.epochs=60 --set train.eval_interval=10 --set train.ema_decay=0
+       --set train.final_weights=model
        --set train.warmup_epochs=3 --set train.target_top1=0 --set train.log_interval=20)
 
 echo "== pretraining on classes 0-4"
