@@ -39,7 +39,10 @@ done
 python3 - "$results" <<'PY'
 import json, statistics, sys
 
-rows = [json.loads(line) for line in open(sys.argv[1])]
+text, rows, decoder, at = open(sys.argv[1]).read(), [], json.JSONDecoder(), 0
+while text[at:].strip():  # one (pretty-printed, multi-line) JSON object per seed
+    row, at = decoder.raw_decode(text, at + len(text[at:]) - len(text[at:].lstrip()))
+    rows.append(row)
 print("\n== result: final weights (declared by the config before training), test set scored once per seed\n")
 print("| seed | training wall time | val top-1 | test top-1 |")
 print("|---|---|---|---|")
