@@ -7,8 +7,6 @@ every graph optimisation on, random inputs of the model's own input shape; print
         [--threads N] [--json]
 """
 import argparse
-import json
-import math
 import resource
 import sys
 import time
@@ -16,10 +14,8 @@ import time
 import numpy as np
 import onnxruntime as ort
 
+from bench_report import percentile, print_result
 
-def percentile(values, q):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100.0 * len(ordered)) - 1))]
 
 
 def session(path, threads):
@@ -73,11 +69,7 @@ def main():
               "latency_ms_p95": percentile(times, 95) * 1e3,
               "img_per_s": args.batch_size * len(times) / sum(times),
               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:22s} {value:.4g}" if isinstance(value, float) else f"{key:22s} {value}")
+    print_result(result, args.json)
 
 
 if __name__ == "__main__":

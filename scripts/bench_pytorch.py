@@ -14,7 +14,6 @@ here to write model files with random weights under timm's names.
 """
 import argparse
 import json
-import math
 import resource
 import sys
 import time
@@ -22,6 +21,8 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from bench_report import percentile, print_result
 
 PRESETS = {
     "vit_tiny_patch16_224": dict(embed_dim=192, depth=12, num_heads=3),
@@ -117,10 +118,6 @@ class VisionTransformer(nn.Module):
         x = x[:, 1:].mean(1) if self.global_pool == "avg" else x[:, 0]
         return self.head(x)
 
-
-def percentile(values, q):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100.0 * len(ordered)) - 1))]
 
 
 def timed(fn, warmup, steps):
@@ -241,11 +238,7 @@ def main():
         result["compile_s"] = sum(first_calls)  # each phase's first call: train, eval and a new shape recompile
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     result["peak_fraction"] = result["gflops"] / peak
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:22s} {value:.4g}" if isinstance(value, float) else f"{key:22s} {value}")
+    print_result(result, args.json)
 
 
 if __name__ == "__main__":
