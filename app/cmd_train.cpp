@@ -63,7 +63,7 @@ int run_train(const TrainOptions& options) {
     std::printf("time to %s%%:   %.1f s\n", csv_number(result.target_top1).c_str(), result.seconds_to_target);
   }
   std::printf("final model:   %s/final.safetensors (%s weights at the last step)\n", result.run_dir.c_str(),
-              result.final_weights.c_str());
+              name_of(result.final_weights));
   std::printf("best model:    %s/best.safetensors (picked on the validation split)\n", result.run_dir.c_str());
   return kOk;
 }

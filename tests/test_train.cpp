@@ -213,6 +213,9 @@ TEST(TrainRun, WritesRunDirectoryAndLearns) {
     EXPECT_TRUE(torch::equal(final_weights.tensor(info.name), ema.tensor(info))) << info.name;
   }
   EXPECT_EQ(final_weights.metadata.at("weights"), "ema");
+  // Every model file's metadata names the weights it holds.
+  EXPECT_EQ(ema.metadata.at("weights"), "ema");
+  EXPECT_EQ(live.metadata.at("weights"), "model");
   EXPECT_NE(result.output.find("final.safetensors (ema weights"), std::string::npos) << result.output;
   const auto model = load_model(dir.file("run/best.safetensors"));
   EXPECT_EQ(model.class_names, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}));

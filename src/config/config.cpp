@@ -502,7 +502,7 @@ void validate_train(const TrainConfig& t, const std::string& source) {
   check(t.clip_grad >= 0, source, "train.clip_grad", num(t.clip_grad) + " must be >= 0 (0 = off)");
   check_range(t.label_smoothing, 0, 1, true, source, "train.label_smoothing");
   check_range(t.ema_decay, 0, 1, true, source, "train.ema_decay");
-  check(t.final_weights != FinalWeights::ema || t.ema_decay > 0, source, "train.final_weights",
+  check(t.final_weights != Weights::ema || t.ema_decay > 0, source, "train.final_weights",
         "\"ema\" needs train.ema_decay > 0");
   check(t.layer_decay > 0 && t.layer_decay <= 1, source, "train.layer_decay",
         num(t.layer_decay) + " is out of range (0, 1]");

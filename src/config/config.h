@@ -29,10 +29,11 @@ VIT_ENUM_NAMES(BadImagePolicy, "fail", "skip");
 // Mixed precision on CUDA: float32, bfloat16 autocast, or float16 autocast with loss scaling.
 enum class AmpMode { off, bf16, fp16 };
 VIT_ENUM_NAMES(AmpMode, "off", "bf16", "fp16");
-// The weights a recipe declares, before training, as its result (final.safetensors): the test set is scored on
-// these once, never on a checkpoint picked by looking at evaluation results.
-enum class FinalWeights { model, ema };
-VIT_ENUM_NAMES(FinalWeights, "model", "ema");
+// Which weights a model file holds: the trained parameters or their EMA. train.final_weights declares, before
+// training, which of them is the run's result (final.safetensors): the test set is scored on these once, never on a
+// checkpoint picked by looking at evaluation results.
+enum class Weights { model, ema };
+VIT_ENUM_NAMES(Weights, "model", "ema");
 // The c10d backend of multi-process training; automatic: NCCL on CUDA, Gloo on the CPU.
 enum class DistBackend { automatic, gloo, nccl };
 VIT_ENUM_NAMES(DistBackend, "auto", "gloo", "nccl");
@@ -112,7 +113,7 @@ struct TrainConfig {
   double clip_grad = 1.0;       // max global gradient norm (0 = no clipping)
   double label_smoothing = 0.1; // cross-entropy smoothing
   double ema_decay = 0.0;       // EMA of weights (0 = off), e.g. 0.9998
-  FinalWeights final_weights = FinalWeights::model;  // model | ema (needs ema_decay): written as final.safetensors
+  Weights final_weights = Weights::model;  // model | ema (needs ema_decay): written as final.safetensors
   // Layer-wise lr decay (BEiT, timm's --layer-decay), e.g. 0.65-0.75 for fine-tuning; 1 = off. Each parameter's
   // lr is scaled by layer_decay^(depth + 1 - layer): patch_embed, cls_token, reg_token, pos_embed and norm_pre are
   // layer 0, block i is layer i + 1, the final norm, fc_norm, attn_pool and head are layer depth + 1 (scale 1).

@@ -109,7 +109,7 @@ class Training {
  private:
   void load_resume_state(const std::string& path);
   void save_state();
-  void save_model_file(const std::string& name, const torch::Tensor& weights);
+  void save_model_file(const std::string& name, Weights which);
   EvalResult evaluate_weights(const torch::Tensor& weights);
   [[noreturn]] void diverged(const std::string& what, const std::string& where = "") const;
 
@@ -325,10 +325,12 @@ void Training::save_state() {
   rs_.metrics_bytes = saved.metrics_bytes;
 }
 
-void Training::save_model_file(const std::string& name, const torch::Tensor& weights) {
+// Writes the trained parameters or their EMA as `name`, its metadata saying which.
+void Training::save_model_file(const std::string& name, Weights which) {
   if (!dir_->writer()) return;
   torch::NoGradGuard no_grad;
-  ScopedWeights swap(optimizer_->params(), weights);
+  model_metadata_["weights"] = name_of(which);
+  ScopedWeights swap(optimizer_->params(), which == Weights::ema ? ema_ : optimizer_->params());
   save_model(dir_->file(name), net_, config_.data.preprocess, class_names_, model_metadata_);
 }
 
@@ -494,18 +496,17 @@ void Training::end_epoch() {
     if (ema_.defined()) {
       ema_result = evaluate_weights(ema_);
       message += "; EMA top-1 " + csv_number(ema_result.top1) + "%";
-      save_model_file("ema.safetensors", ema_);
+      save_model_file("ema.safetensors", Weights::ema);
       best_is_ema = ema_result.top1 > result.top1;
     }
     log::info(message);
-    if (tc_.final_weights == FinalWeights::ema) last_top1_ = ema_result.top1;
+    if (tc_.final_weights == Weights::ema) last_top1_ = ema_result.top1;
     const double top1 = best_is_ema ? ema_result.top1 : result.top1;
     if (top1 > rs_.best_top1) {
       rs_.best_top1 = top1;
       model_metadata_["best_epoch"] = std::to_string(record.epoch);
       model_metadata_["best_top1"] = csv_number(top1);
-      model_metadata_["weights"] = best_is_ema ? "ema" : "model";
-      save_model_file("best.safetensors", best_is_ema ? ema_ : optimizer_->params());
+      save_model_file("best.safetensors", best_is_ema ? Weights::ema : Weights::model);
     }
     if (tc_.target_top1 > 0 && rs_.seconds_to_target < 0 && top1 >= tc_.target_top1) {
       rs_.seconds_to_target = rs_.elapsed_seconds + seconds_since(run_start_);
@@ -515,9 +516,8 @@ void Training::end_epoch() {
   }
   model_metadata_.erase("best_epoch");
   model_metadata_.erase("best_top1");
-  model_metadata_["weights"] = "model";
   model_metadata_["epoch"] = std::to_string(record.epoch);
-  save_model_file("last.safetensors", optimizer_->params());
+  save_model_file("last.safetensors", Weights::model);
   model_metadata_.erase("epoch");
   rs_.history.push_back(record);
   rs_.step_in_epoch = 0;
@@ -539,14 +539,11 @@ TrainResult Training::finish() {
     for (const auto& b : bad) log::warn("  " + b);
   }
   // The weights the config declared as its result before training started: the only ones to score on a test set.
-  const bool final_is_ema = tc_.final_weights == FinalWeights::ema;
-  model_metadata_["weights"] = final_is_ema ? "ema" : "model";
-  save_model_file("final.safetensors", final_is_ema ? ema_ : optimizer_->params());
-  model_metadata_["weights"] = "model";
+  save_model_file("final.safetensors", tc_.final_weights);
   comm_->barrier();
   TrainResult result;
   result.run_dir = dir_->path();
-  result.final_weights = final_is_ema ? "ema" : "model";
+  result.final_weights = tc_.final_weights;
   result.steps = rs_.global_step;
   result.best_top1 = rs_.best_top1;
   result.final_top1 =

@@ -36,7 +36,7 @@ struct TrainResult {
   int64_t steps = 0;
   double best_top1 = 0.0;
   double final_top1 = 0.0;
-  std::string final_weights;  // what final.safetensors holds: "model" or "ema" (train.final_weights)
+  Weights final_weights = Weights::model;  // what final.safetensors holds (train.final_weights)
   double seconds = 0.0;    // wall time including evaluation and data loading
   double target_top1 = 0.0;         // train.target_top1 (0 = none)
   double seconds_to_target = -1.0;  // wall time when eval top-1 first reached it (-1 = never, or no target)
