@@ -36,16 +36,20 @@ std::string write_config(const TempDir& dir, const std::string& pool) {
   return path;
 }
 
-TEST(ExplainMethods, EveryMapMatchesThePythonReferenceWithin1e5) {
+struct MapCase {
+  std::string name, pool;
+  int target;  // -1: the predicted class
+  int start_layer;
+};
+
+void PrintTo(const MapCase& c, std::ostream* os) { *os << c.name; }
+
+class ExplainMethods : public ::testing::TestWithParam<MapCase> {};
+
+TEST_P(ExplainMethods, EveryMapMatchesThePythonReferenceWithin1e5) {
   SKIP_WITHOUT_PYTHON("timm", "safetensors", "PIL");
-  struct Case {
-    std::string pool;
-    int target;  // -1: the predicted class
-    int start_layer;
-  };
-  for (const Case& c : {Case{"token", -1, 0}, Case{"token", 3, 1}, Case{"avg", -1, 0}, Case{"avg", 3, 1}}) {
-    SCOPED_TRACE("global_pool " + c.pool + ", class " + std::to_string(c.target) + ", start layer " +
-                 std::to_string(c.start_layer));
+  const MapCase& c = GetParam();
+  {
     TempDir dir;
     test::run_python("reference_explain.py",
                      "maps " + quoted(kWeights) + " --model " +
@@ -87,6 +91,11 @@ TEST(ExplainMethods, EveryMapMatchesThePythonReferenceWithin1e5) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Readouts, ExplainMethods,
+                         ::testing::Values(MapCase{"token_predicted", "token", -1, 0}, MapCase{"token_class3", "token", 3, 1},
+                                           MapCase{"avg_predicted", "avg", -1, 0}, MapCase{"avg_class3", "avg", 3, 1}),
+                         [](const auto& info) { return info.param.name; });
 
 TEST(ExplainMethods, AveragePoolingReadsThePatchRowsNotTheClassToken) {
   // The same weights read two ways: rollout with token pooling is the class token's row, with average pooling the

@@ -94,38 +94,21 @@ TEST(ExportAttention, Tiny32MatchesTimmReference) {
 }
 
 TEST(ExportAttention, NpyFilesLoadInNumpy) {
-  if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
-    GTEST_SKIP() << "SKIPPED: /usr/bin/python3 with numpy is not available, .npy headers not checked by NumPy";
-  }
+  SKIP_WITHOUT_PYTHON("numpy");
   TempDir dir;
   const std::string out = dir.file("out");
   const auto result = export_tiny32(dir, out, "--grad-rollout --format npy " + quoted(kChelsea));
   ASSERT_EQ(result.status, 0) << result.output << result.errors;
-  const std::string script = dir.file("check.py");
-  write_file_atomic(script, R"(import sys, numpy
-for item in sys.argv[1:]:
-    path, shape = item.rsplit(":", 1)
-    with open(path, "rb") as f:
-        major, minor = numpy.lib.format.read_magic(f)
-        header = numpy.lib.format._read_array_header(f, (major, minor))
-    a = numpy.load(path, allow_pickle=False)
-    want = tuple(int(x) for x in shape.split("x"))
-    assert a.dtype == numpy.float32 and a.dtype.byteorder in "<=", (path, a.dtype)
-    assert a.shape == want and header[0] == want and not header[1], (path, a.shape, want, header)
-    assert numpy.isfinite(a).all(), path
-    print(path, (major, minor), a.dtype, a.shape)
-)");
   const std::string base = out + "/chelsea/";
-  const std::string command = "/usr/bin/python3 " + quoted(script) + " " + quoted(base + "attn_0.npy:2x5x5") + " " +
-                              quoted(base + "attn_1.npy:2x5x5") + " " + quoted(base + "rollout.npy:2x2") + " " +
-                              quoted(base + "grad_rollout.npy:2x2");
-  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  std::printf("%s", test::run_python("reference_numpy.py", "check " + quoted(base + "attn_0.npy:2x5x5") + " " +
+                                                               quoted(base + "attn_1.npy:2x5x5") + " " +
+                                                               quoted(base + "rollout.npy:2x2") + " " +
+                                                               quoted(base + "grad_rollout.npy:2x2"))
+                        .c_str());
   EXPECT_FALSE(file_exists(base + "rollout.png"));  // --format npy writes no pictures
   // NumPy's own writer is the reference for the bytes: same 64-byte aligned header.
   const std::string numpy_file = dir.file("numpy.npy");
-  const std::string save = "/usr/bin/python3 -c \"import numpy; numpy.save('" + numpy_file +
-                           "', numpy.load('" + base + "rollout.npy'))\"";
-  ASSERT_EQ(std::system(save.c_str()), 0);
+  test::run_python("reference_numpy.py", "resave " + quoted(base + "rollout.npy") + " " + quoted(numpy_file));
   EXPECT_EQ(read_file(numpy_file), read_file(base + "rollout.npy"));
 }
 

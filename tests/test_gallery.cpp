@@ -82,23 +82,17 @@ TEST(GalleryBrowser, ChromiumRendersShowsAllImagesAndEnlargesAClickedMap) {
     GTEST_SKIP() << "SKIPPED (no browser): neither /usr/bin/chromium nor /usr/bin/chromium-browser is installed "
                     "(VIT_SETUP_TEST_EXTRAS=1 scripts/setup.sh installs Debian's chromium)";
   }
-  if (::access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "SKIPPED: /usr/bin/python3 is missing";
+  SKIP_WITHOUT_PYTHON();  // the check needs only the standard library
 
   TempDir dir;
   const std::string out = dir.file("out");
   const auto names = export_sample(dir, out);
   const std::string page_shot = dir.file("gallery_screenshot.png");
   const std::string zoom_shot = dir.file("gallery_screenshot_enlarged.png");
-  std::string command = "/usr/bin/python3 " + quoted(std::string(VIT_TEST_DATA) + "/../chromium_check.py") + " " +
-                        quoted(out + "/index.html") + " --chromium " + quoted(chromium) + " --screenshot " +
-                        quoted(page_shot) + " --zoom-screenshot " + quoted(zoom_shot) + " --expect";
-  for (const auto& name : names) command += " " + quoted(name);
-  const std::string log = dir.file("chromium.log");
-  const int status = std::system((command + " >" + quoted(log) + " 2>&1").c_str());
-  const std::string report = read_file(log);
-  std::printf("%s", report.c_str());
-  ASSERT_TRUE(WIFEXITED(status)) << report;
-  ASSERT_EQ(WEXITSTATUS(status), 0) << report;
+  std::string arguments = quoted(out + "/index.html") + " --chromium " + quoted(chromium) + " --screenshot " +
+                          quoted(page_shot) + " --zoom-screenshot " + quoted(zoom_shot) + " --expect";
+  for (const auto& name : names) arguments += " " + quoted(name);
+  std::printf("%s", test::run_python("chromium_check.py", arguments).c_str());
 
   // The screenshots are real renderings: large enough, and far from one flat colour.
   for (const auto& shot : {page_shot, zoom_shot}) {

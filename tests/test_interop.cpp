@@ -103,9 +103,12 @@ INSTANTIATE_TEST_SUITE_P(
                  "bf16"}),
     [](const auto& info) { return info.param.name; });
 
-TEST(HfSnapshot, PredictsLikeTransformersWithNoConfig) {
+class HfSnapshot : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfSnapshot, PredictsLikeTransformersWithNoConfig) {
   SKIP_WITHOUT_PYTHON("transformers", "safetensors");
-  for (const std::string dtype : {"f32", "bf16"}) {
+  {
+    const std::string dtype = GetParam();
     TempDir dir;
     const std::string snap = dir / "snapshot", image = dir / "image.png", ref = dir / "ref.safetensors";
     run_python("reference_models.py",
@@ -142,6 +145,9 @@ TEST(HfSnapshot, PredictsLikeTransformersWithNoConfig) {
                              model.net->blocks[1]->as<Block>()->attn->qkv->weight));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, HfSnapshot, ::testing::Values("f32", "bf16"),
+                         [](const auto& info) { return info.param; });
 
 // A small model of ours, random but with every tensor away from its init, saved as our own file.
 LoadedModel our_model(ModelConfig config, const Preprocess& preprocess, const std::string& path) {
@@ -182,7 +188,10 @@ void expect_same_logits(const std::map<std::string, torch::Tensor>& ours, const 
   }
 }
 
-TEST(ExportTimm, LoadsInTimmStrictWithTheSameLogitsAndPreprocessing) {
+// Token pooling; average pooling without a class token on a rectangle, with LayerScale.
+class ExportTimm : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExportTimm, LoadsInTimmStrictWithTheSameLogitsAndPreprocessing) {
   SKIP_WITHOUT_PYTHON("timm", "safetensors");
   TempDir dir;
   Preprocess p;
@@ -190,9 +199,9 @@ TEST(ExportTimm, LoadsInTimmStrictWithTheSameLogitsAndPreprocessing) {
   ModelConfig token = test::tiny_vit(32, 8, 3, 4, 48, 2, 3, 2.0);
   ModelConfig avg = test::tiny_vit(24, 8, 3, 4, 32, 2, 2, 4.0);
   avg.img_w = 40, avg.global_pool = GlobalPool::avg, avg.class_token = false, avg.init_values = 0.1;
-  int round = 0;
-  for (const auto& config : {token, avg}) {
-    const std::string tag = std::to_string(round++);
+  {
+    const std::string tag = GetParam() == "token" ? "0" : "1";
+    const ModelConfig& config = GetParam() == "token" ? token : avg;
     auto model = our_model(config, p, dir / ("m" + tag + ".safetensors"));
     const std::string out = dir / ("timm" + tag), image = dir / ("image" + tag + ".png");
     export_model(model, {ExportFormat::timm, out, false});
@@ -217,6 +226,9 @@ TEST(ExportTimm, LoadsInTimmStrictWithTheSameLogitsAndPreprocessing) {
     EXPECT_EQ(again.class_names, model.class_names);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Pools, ExportTimm, ::testing::Values("token", "avg"),
+                         [](const auto& info) { return info.param; });
 
 TEST(ExportHf, LoadsInTransformersWithTheSameLogitsAndPreprocessing) {
   SKIP_WITHOUT_PYTHON("transformers", "safetensors");

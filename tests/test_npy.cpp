@@ -89,40 +89,25 @@ TEST(NpyFormat, RejectsWhatItCannotWriteOrRead) {
   EXPECT_NE(error_of([&] { vit::read_npy(path); }).find(path + ": not a .npy file"), std::string::npos);
 }
 
-// The first of these that can import numpy, or "" (Debian's numpy lives with /usr/bin/python3, which a pyenv
-// python3 earlier on PATH does not see).
-std::string python_with_numpy() {
-  for (const char* candidate : {"python3", "/usr/bin/python3"}) {
-    const std::string probe = std::string(candidate) + " -c 'import numpy' >/dev/null 2>&1";
-    if (std::system(probe.c_str()) == 0) return candidate;
-  }
-  return "";
-}
-
 TEST(NpyNumpy, NumpyLoadsOurFilesAndSavesTheSameBytes) {
-  const std::string python = python_with_numpy();
-  if (python.empty()) GTEST_SKIP() << "python3 with numpy not found (tried python3, /usr/bin/python3)";
+  SKIP_WITHOUT_PYTHON("numpy");
   TempDir dir;
-  // numpy checks dtype, shape and values, then saves the array again; the bytes must equal ours.
-  const std::string script =
-      "import sys, numpy; a = numpy.load(sys.argv[1]); "
-      "shape = tuple(int(d) for d in sys.argv[3].split(',') if d); "
-      "assert a.dtype == numpy.float32, a.dtype; assert a.shape == shape, (a.shape, shape); "
-      "assert (a.ravel() == numpy.arange(a.size, dtype=numpy.float32) * 0.5).all(), a; "
-      "numpy.save(sys.argv[2], a)";
+  // numpy checks dtype, shape and values, then saves each array again; the bytes must equal ours.
   const std::vector<std::pair<std::vector<int64_t>, std::string>> cases = {
       {{2, 3, 4}, "2,3,4"}, {{5}, "5"}, {{}, ""}, {{3, 0}, "3,0"}};
-  for (const auto& [shape, shape_argument] : cases) {
+  std::string arguments = "roundtrip";
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [shape, shape_argument] = cases[i];
     const torch::Tensor tensor = (torch::arange(c10::multiply_integers(shape), torch::kFloat32) * 0.5).reshape(shape);
-    const std::string ours = dir.file("ours.npy");
-    const std::string theirs = dir.file("theirs.npy");
-    vit::write_npy(ours, tensor);
-    const std::string command =
-        python + " -c \"" + script + "\" '" + ours + "' '" + theirs + "' '" + shape_argument + "'";
-    ASSERT_EQ(std::system(command.c_str()), 0)
-        << "numpy rejected our file for shape (" << shape_argument << "): " << command;
-    EXPECT_EQ(vit::read_file(theirs), vit::read_file(ours))
-        << "numpy.save differs for shape (" << shape_argument << ")";
+    vit::write_npy(dir.file("ours" + std::to_string(i) + ".npy"), tensor);
+    arguments += " " + vit::test::quoted(dir.file("ours" + std::to_string(i) + ".npy") + ":" +
+                                         dir.file("theirs" + std::to_string(i) + ".npy") + ":" + shape_argument);
+  }
+  vit::test::run_python("reference_numpy.py", arguments);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(vit::read_file(dir.file("theirs" + std::to_string(i) + ".npy")),
+              vit::read_file(dir.file("ours" + std::to_string(i) + ".npy")))
+        << "numpy.save differs for shape (" << cases[i].second << ")";
   }
 }
 

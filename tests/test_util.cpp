@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "train/distributed.h"
 
@@ -29,13 +31,87 @@ std::string config_path(const std::string& name) {
   return path;
 }
 
+namespace {
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string make_temp_dir(const std::filesystem::path& parent) {
+  std::string pattern = (parent / "vit-test-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error(parent.string() + ": mkdtemp failed");
+  return pattern;
+}
+
+// A helper's own scratch folder: never handed to Python, always removed.
+struct Scratch {
+  std::string path = make_temp_dir(std::filesystem::temp_directory_path());
+  ~Scratch() {
+    std::error_code error;
+    std::filesystem::remove_all(path, error);
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+// The suite's reference run (tests/reference_run.sh): under ctest every case finds its answers from Python in
+// $VIT_REFERENCES (replay); the fixture first runs the Python cases with $VIT_REFERENCE_RECORD set (record), where
+// run_python() only writes down what it is asked. Without either (a test binary run by hand), Python runs live.
+enum class ReferenceMode { live, record, replay };
+struct ReferenceRun {
+  ReferenceMode mode = ReferenceMode::live;
+  std::string root;    // $VIT_REFERENCES: modules.json, results/
+  std::string record;  // $VIT_REFERENCE_RECORD: this round's folder (requests.jsonl, tests.txt, tmp/)
+};
+const ReferenceRun& reference_run() {
+  static const ReferenceRun run = [] {
+    ReferenceRun r;
+    if (const char* root = std::getenv("VIT_REFERENCES"); root && *root) {
+      r.root = root;
+      r.mode = ReferenceMode::replay;
+      if (const char* record = std::getenv("VIT_REFERENCE_RECORD"); record && *record) {
+        r.record = record;
+        r.mode = ReferenceMode::record;
+      }
+    }
+    return r;
+  }();
+  return run;
+}
+
+std::string current_test() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return info ? std::string(info->test_suite_name()) + "." + info->name() : "";
+}
+
+// The current case's TempDirs in the order it made them, and its run_python() calls so far: a call is named by the
+// case, its number and its arguments with each TempDir's path as {tmpN}, the same in the record and replay runs.
+struct CaseCalls {
+  std::string test;
+  std::vector<std::string> dirs;
+  int calls = 0;
+};
+CaseCalls& case_calls() {
+  static CaseCalls calls;
+  if (calls.test != current_test()) calls = CaseCalls{current_test(), {}, 0};
+  return calls;
+}
+}  // namespace
+
 TempDir::TempDir() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "vit-test-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  path_ = pattern;
+  const auto& run = reference_run();
+  std::filesystem::path parent = std::filesystem::temp_directory_path();
+  if (run.mode == ReferenceMode::record) {
+    parent = std::filesystem::path(run.record) / "tmp";
+    std::filesystem::create_directories(parent);
+  }
+  path_ = make_temp_dir(parent);
+  case_calls().dirs.push_back(path_);
 }
 
 TempDir::~TempDir() {
+  if (reference_run().mode == ReferenceMode::record) return;  // the reference run reads it after this case ends
   std::error_code error;
   std::filesystem::remove_all(path_, error);
 }
@@ -70,34 +146,23 @@ int run_vit_and_kill(const std::string& arguments, const std::string& wait_for, 
 }
 
 CommandResult run_vit(const std::string& arguments, const std::string& shell_prefix) {
-  TempDir scratch;
+  Scratch scratch;
   const std::string out = scratch.file("stdout"), err = scratch.file("stderr");
   const std::string command =
       shell_prefix + "'" + VIT_BINARY + "' " + arguments + " >'" + out + "' 2>'" + err + "'";
   const int raw = std::system(command.c_str());
   CommandResult result;
   result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  auto slurp = [](const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  };
   result.output = slurp(out);
   result.errors = slurp(err);
   return result;
 }
 
 namespace {
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-}  // namespace
-
-std::string reference_python(const std::vector<std::string>& modules, std::string* why) {
+// The Python that answers: the reference Python with timm, transformers, onnx and onnxruntime, or, where it is
+// missing, Debian's /usr/bin/python3 for what needs only the standard library or numpy. *missing says why the
+// reference Python is not there ("" when it is).
+std::string answering_python(std::string* missing) {
   std::string python;
   if (const char* env = std::getenv("VIT_TEST_PYTHON"); env && *env) {
     python = env;
@@ -106,37 +171,220 @@ std::string reference_python(const std::vector<std::string>& modules, std::strin
   } else {
     python = VIT_TEST_PYTHON;
   }
+  missing->clear();
+  if (::access(python.c_str(), X_OK) == 0) return python;
+  *missing = "reference libraries not installed: no " + python + " (scripts/setup.sh makes it with VIT_SETUP_TEST_EXTRAS=1)";
+  return "/usr/bin/python3";
+}
+
+std::string last_line(std::string text) {
+  const auto last = text.find_last_not_of('\n');
+  text = text.substr(0, last == std::string::npos ? 0 : last + 1);
+  const auto line = text.rfind('\n');
+  return line == std::string::npos ? text : text.substr(line + 1);
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  const std::string text = slurp(path);
+  if (text.empty()) throw std::runtime_error(path + ": missing or empty");
+  return nlohmann::json::parse(text);
+}
+
+// FNV-1a over a file's bytes, or over a folder's sorted names and files, with each of the case's TempDir paths read
+// as {tmpN} (a gallery page names its images by path); "" when nothing is there.
+std::string content_hash(const std::filesystem::path& path, const std::vector<std::string>& dirs) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::exists(path, error)) return "";
+  uint64_t h = 1469598103934665603ull;
+  auto add = [&h, &dirs](std::string bytes) {
+    for (size_t i = 0; i < dirs.size(); ++i) {
+      const std::string key = "{tmp" + std::to_string(i) + "}";
+      for (size_t at = bytes.find(dirs[i]); at != std::string::npos; at = bytes.find(dirs[i], at + key.size())) {
+        bytes.replace(at, dirs[i].size(), key);
+      }
+    }
+    for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  };
+  if (fs::is_directory(path)) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::recursive_directory_iterator(path)) {
+      if (entry.is_regular_file()) names.push_back(fs::relative(entry.path(), path).string());
+    }
+    std::sort(names.begin(), names.end());
+    for (const auto& name : names) add(name + "\n" + slurp((path / name).string()) + "\n");
+  } else {
+    add(slurp(path.string()));
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+std::string hash_id(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+// One run_python() call as the reference run names it: {tmpN} for the case's N-th TempDir, the paths of the files
+// it already holds that the arguments name (with their hashes: the replay checks it hands Python's answer to the
+// same inputs), and an id.
+struct Call {
+  std::string test, args;  // args with {tmpN}
+  int number = 0;
+  std::string id;
+  nlohmann::json dirs = nlohmann::json::object();    // "tmpN" -> this run's path
+  nlohmann::json inputs = nlohmann::json::object();  // "tmpN/relative" -> content hash
+};
+
+std::filesystem::path local_path(const Call& call, const std::string& name) {
+  const auto slash = name.find('/');
+  return std::filesystem::path(call.dirs.at(name.substr(0, slash)).get<std::string>()) / name.substr(slash + 1);
+}
+
+Call describe_call(const std::string& script, const std::string& arguments) {
+  auto& calls = case_calls();
+  Call call;
+  call.test = calls.test;
+  call.number = ++calls.calls;
+  call.args = arguments;
+  for (size_t i = 0; i < calls.dirs.size(); ++i) {
+    const std::string key = "tmp" + std::to_string(i), path = calls.dirs[i];
+    bool used = false;
+    for (size_t at = call.args.find(path); at != std::string::npos; at = call.args.find(path, at)) {
+      call.args.replace(at, path.size(), "{" + key + "}");
+      used = true;
+    }
+    if (used) call.dirs[key] = path;
+  }
+  // Each {tmpN}/relative/path in the arguments, up to a quote, space, comma or colon.
+  for (size_t at = call.args.find("{tmp"); at != std::string::npos; at = call.args.find("{tmp", at + 1)) {
+    const auto close = call.args.find('}', at);
+    const auto end = call.args.find_first_of("'\" ,:", close);
+    const std::string name = call.args.substr(at + 1, close - at - 1) + call.args.substr(close + 1, end - close - 1);
+    if (name.find('/') == std::string::npos) continue;
+    const std::string hash = content_hash(local_path(call, name), calls.dirs);
+    if (!hash.empty()) call.inputs[name] = hash;
+  }
+  call.id = hash_id(call.test + "\n" + std::to_string(call.number) + "\n" + script + "\n" + call.args);
+  return call;
+}
+
+void append_line(const std::string& path, const std::string& line) {
+  std::ofstream out(path, std::ios::app);
+  out << line << "\n";
+  if (!out) throw std::runtime_error(path + ": cannot append");
+}
+
+std::string result_path(const Call& call) { return reference_run().root + "/results/" + call.id + ".json"; }
+
+// Replay: the answer the reference run gave to this call, its files copied into this run's TempDirs.
+std::string replay(const std::string& script, const std::string& arguments, const Call& call) {
+  const auto& run = reference_run();
+  const std::string path = result_path(call);
+  const std::string what = call.test + " call #" + std::to_string(call.number) + " (" + script + " " + call.args + ")";
+  if (::access(path.c_str(), R_OK) != 0) {
+    throw std::runtime_error("no reference answer for " + what + ": the reference run (ctest's `references`, " +
+                             run.root + "/log.txt) did not make it; a case that calls Python must match the reference "
+                             "filter in tests/CMakeLists.txt");
+  }
+  const auto result = read_json_file(path);
+  for (const auto& [name, hash] : result["inputs"].items()) {
+    if (content_hash(local_path(call, name), case_calls().dirs) != hash.get<std::string>()) {
+      throw std::runtime_error(what + ": " + name + " differs from the file the reference run answered for (" +
+                               local_path(call, name).string() + "): the case must write the same inputs each run");
+    }
+  }
+  if (result["status"].get<int>() != 0) {
+    throw std::runtime_error(script + " " + arguments + " failed:\n" + result["stdout"].get<std::string>() +
+                             result["stderr"].get<std::string>());
+  }
+  namespace fs = std::filesystem;
+  for (const auto& output : result["outputs"]) {
+    const std::string name = output.get<std::string>();
+    const auto slash = name.find('/');
+    const fs::path from = fs::path(result["dirs"].at(name.substr(0, slash)).get<std::string>()) / name.substr(slash + 1);
+    const fs::path to = local_path(call, name);
+    fs::create_directories(to.parent_path());
+    fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+  }
+  return result["stdout"].get<std::string>();
+}
+}  // namespace
+
+std::string reference_python(const std::vector<std::string>& modules, std::string* why) {
+  std::string scratch_why;
+  if (!why) why = &scratch_why;
+  const auto& run = reference_run();
+  if (run.mode == ReferenceMode::record) return "(recorded)";  // the replay decides, from modules.json
+  if (run.mode == ReferenceMode::replay) {
+    const auto probe = read_json_file(run.root + "/modules.json");
+    const std::string missing = probe["reference_missing"].get<std::string>();
+    for (const auto& m : modules) {
+      if (!probe["modules"].contains(m)) {
+        *why = missing.empty() ? "module " + m + " is not in the reference run's probe (tests/reference_batch.py MODULES)"
+                               : missing;
+        return "";
+      }
+      const std::string error = probe["modules"][m].get<std::string>();
+      if (!error.empty()) {
+        *why = missing.empty() ? "reference libraries not installed in " + probe["python"].get<std::string>() + ": " + error
+                               : missing;
+        return "";
+      }
+    }
+    return probe["python"].get<std::string>();
+  }
+  std::string missing;
+  const std::string python = answering_python(&missing);
   if (::access(python.c_str(), X_OK) != 0) {
-    *why = "reference libraries not installed: no " + python + " (scripts/setup.sh makes it with VIT_SETUP_TEST_EXTRAS=1)";
+    *why = missing.empty() ? "no " + python : missing;
     return "";
   }
   std::string imports;
   for (const auto& m : modules) imports += "import " + m + "; ";
-  TempDir scratch;
+  Scratch scratch;
   const std::string command =
       test::quoted(python) + " -c " + test::quoted(imports) + " >/dev/null 2>" + test::quoted(scratch.file("err"));
   if (std::system(command.c_str()) != 0) {
-    std::string error = slurp(scratch.file("err"));
-    const auto last = error.find_last_not_of('\n');
-    error = error.substr(0, last == std::string::npos ? 0 : last + 1);
-    const auto line = error.rfind('\n');
-    *why = "reference libraries not installed in " + python + ": " + (line == std::string::npos ? error : error.substr(line + 1));
+    *why = missing.empty() ? "reference libraries not installed in " + python + ": " + last_line(slurp(scratch.file("err")))
+                           : missing;
     return "";
   }
   return python;
 }
 
 std::string run_python(const std::string& script, const std::string& arguments) {
-  std::string why;
-  const std::string python = reference_python({}, &why);
-  if (python.empty()) throw std::runtime_error(why);
-  TempDir scratch;
+  const auto& run = reference_run();
+  if (run.mode != ReferenceMode::live) {
+    const Call call = describe_call(script, arguments);
+    // A call an earlier round answered is replayed, so that the case gets as far as its next question.
+    if (run.mode == ReferenceMode::replay || ::access(result_path(call).c_str(), R_OK) == 0) {
+      return replay(script, arguments, call);
+    }
+    append_line(run.record + "/requests.jsonl", nlohmann::json{{"id", call.id},
+                                                               {"test", call.test},
+                                                               {"call", call.number},
+                                                               {"script", script},
+                                                               {"args", arguments},
+                                                               {"dirs", call.dirs},
+                                                               {"inputs", call.inputs}}
+                                                    .dump());
+    append_line(run.record + "/tests.txt", call.test);
+    return "";  // recorded: the case goes on as far as it can without the answer
+  }
+  std::string missing;
+  const std::string python = answering_python(&missing);
+  Scratch scratch;
   const std::string out = scratch.file("stdout"), err = scratch.file("stderr");
   const std::string command = test::quoted(python) + " " + test::quoted(std::string(VIT_TEST_SOURCE) + "/" + script) + " " +
                               arguments + " >" + test::quoted(out) + " 2>" + test::quoted(err);
   const int raw = std::system(command.c_str());
   if (!WIFEXITED(raw) || WEXITSTATUS(raw) != 0) {
-    throw std::runtime_error(script + " " + arguments + " failed:\n" + slurp(err));
+    throw std::runtime_error(script + " " + arguments + " failed:\n" + slurp(out) + slurp(err));
   }
   return slurp(out);
 }

@@ -51,7 +51,8 @@ inline std::string data_path(const std::string& name) {
 // The repository's configs/`name` (configs/fashion_mnist.json, ...): tests take shipped configs from there.
 std::string config_path(const std::string& name);
 
-// A fresh empty directory under the system temp dir, removed when the object dies.
+// A fresh empty directory under the system temp dir, removed when the object dies (kept, in the reference run's
+// folder, while the reference run records what the case asks of Python).
 class TempDir {
  public:
   TempDir();
@@ -93,13 +94,17 @@ CommandResult run_vit(const std::string& arguments, const std::string& shell_pre
 // its wait status.
 int run_vit_and_kill(const std::string& arguments, const std::string& wait_for, int signal);
 
-// The reference Python: the project's virtual environment (.venv/ or $VIT_VENV, made by scripts/setup.sh with
-// VIT_SETUP_TEST_EXTRAS=1, which installs timm, transformers, onnx and onnxruntime from PyPI), or $VIT_TEST_PYTHON.
-// Empty, with the reason in *why, when it is missing or cannot import one of `modules`.
+// The Python that answers `modules` (the project's virtual environment .venv/ or $VIT_VENV, made by
+// scripts/setup.sh with VIT_SETUP_TEST_EXTRAS=1 with timm, transformers, onnx and onnxruntime from PyPI, or
+// $VIT_TEST_PYTHON; where it is missing, Debian's /usr/bin/python3 for the standard library and numpy). Empty, with
+// the reason in *why (when given), where it cannot import one of `modules`. Under ctest the suite's one reference run
+// has probed them (tests/reference_run.sh): no interpreter starts here.
 std::string reference_python(const std::vector<std::string>& modules, std::string* why);
 
-// Runs the reference Python on tests/`script` with `arguments` (passed to /bin/sh, quote as needed); throws with its
-// stderr when it fails. Returns its stdout.
+// Runs tests/`script` with `arguments` (passed to /bin/sh, quote as needed) in that Python; throws with its stderr
+// when it fails. Returns its stdout. Under ctest the answer comes from the suite's one reference run, which ran the
+// same call (the case's TempDirs standing for themselves) and whose files in them are copied into this run's; a
+// file the arguments name must hold the same bytes as when the reference run answered.
 std::string run_python(const std::string& script, const std::string& arguments);
 
 // The model and preprocessing of tests/data/tiny32/weights.safetensors (a timm file without metadata) as a config
