@@ -3,9 +3,16 @@
 # PyTorch 2.x's LibTorch (build-pip/); CI (.ci/run) runs both.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+start=$SECONDS
 VIT_SETUP_TEST_EXTRAS=1 "$root/scripts/setup.sh"
+setup_s=$((SECONDS - start))
 "$root/scripts/build.sh"
+build_s=$((SECONDS - start - setup_s))
 if [[ "${VIT_LIBTORCH:-debian}" == pip ]]; then build=${VIT_BUILD_DIR:-$root/build-pip}; else build=${VIT_BUILD_DIR:-$root/build}; fi
 cd "$build"
-# Serially: every test already uses all cores, and oversubscribed OpenMP teams slow each other down badly.
-ctest --output-on-failure
+# Two at a time: most cases are sub-second (LibTorch's start-up, single-threaded); the ones that use every core
+# (training, ranks, OpenMP) say so (PROCESSORS, tests/slow_cases.txt) and run alone.
+ctest --output-on-failure -j "$(nproc)"
+echo "test: set-up ${setup_s} s, build ${build_s} s, ctest $((SECONDS - start - setup_s - build_s)) s"
+# The suite's one reference run says how many Python processes it started (tests/reference_run.sh).
+grep -h "Python processes" tests/references/log.txt 2>/dev/null || true
