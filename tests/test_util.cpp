@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -97,6 +98,7 @@ CaseCalls& case_calls() {
   if (calls.test != current_test()) calls = CaseCalls{current_test(), {}, 0};
   return calls;
 }
+std::mutex case_calls_mutex;  // a case may make TempDirs on several threads
 }  // namespace
 
 TempDir::TempDir() {
@@ -107,6 +109,7 @@ TempDir::TempDir() {
     std::filesystem::create_directories(parent);
   }
   path_ = make_temp_dir(parent);
+  std::lock_guard<std::mutex> lock(case_calls_mutex);
   case_calls().dirs.push_back(path_);
 }
 
@@ -246,6 +249,7 @@ std::filesystem::path local_path(const Call& call, const std::string& name) {
 }
 
 Call describe_call(const std::string& script, const std::string& arguments) {
+  std::lock_guard<std::mutex> lock(case_calls_mutex);
   auto& calls = case_calls();
   Call call;
   call.test = calls.test;
@@ -292,8 +296,13 @@ std::string replay(const std::string& script, const std::string& arguments, cons
                              "filter in tests/CMakeLists.txt");
   }
   const auto result = read_json_file(path);
+  std::vector<std::string> dirs;
+  {
+    std::lock_guard<std::mutex> lock(case_calls_mutex);
+    dirs = case_calls().dirs;
+  }
   for (const auto& [name, hash] : result["inputs"].items()) {
-    if (content_hash(local_path(call, name), case_calls().dirs) != hash.get<std::string>()) {
+    if (content_hash(local_path(call, name), dirs) != hash.get<std::string>()) {
       throw std::runtime_error(what + ": " + name + " differs from the file the reference run answered for (" +
                                local_path(call, name).string() + "): the case must write the same inputs each run");
     }
