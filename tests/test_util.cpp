@@ -293,7 +293,10 @@ std::string replay(const std::string& script, const std::string& arguments, cons
   if (::access(path.c_str(), R_OK) != 0) {
     throw std::runtime_error("no reference answer for " + what + ": the reference run (ctest's `references`, " +
                              run.root + "/log.txt) did not make it; a case that calls Python must match the reference "
-                             "filter in tests/CMakeLists.txt");
+                             "filter in tests/CMakeLists.txt" +
+                             (call.number > 1 ? ", and one whose later call reads what vit made from an earlier "
+                                                "answer must be listed in VIT_REFERENCE_LATER_ROUNDS there"
+                                              : ""));
   }
   const auto result = read_json_file(path);
   std::vector<std::string> dirs;
