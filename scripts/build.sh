@@ -24,5 +24,8 @@ case "${VIT_LIBTORCH:-debian}" in
     ;;
   *) echo "build: VIT_LIBTORCH=$VIT_LIBTORCH is not one of: debian, pip" >&2; exit 2 ;;
 esac
+# Ninja (Debian's ninja-build) for a new build folder: it overlaps the targets' compiles where Make finishes one
+# target before starting the next (a clean build: 171 s against 186 s on 2 cores). A folder keeps its generator.
+if [[ ! -f "$build/CMakeCache.txt" ]] && command -v ninja >/dev/null; then args+=(-G Ninja); fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "${args[@]}" "$@" >/dev/null
 cmake --build "$build" -j "$jobs"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs one libFuzzer target (tests/fuzz/) for SECONDS in the sanitizer build that scripts/sanitize.sh uses
-# (build-sanitize/, ASan + UBSan), from its seed corpus (made by scripts/make_fuzz_corpus.py when missing).
+# Runs one libFuzzer target (tests/fuzz/) for SECONDS in a build of its own (build-fuzz/: ASan + UBSan as in
+# scripts/sanitize.sh, plus libFuzzer's coverage feedback in every unit), from its seed corpus (made by
+# scripts/make_fuzz_corpus.py when missing).
 #   scripts/fuzz.sh TARGET SECONDS [libFuzzer options...]    e.g. scripts/fuzz.sh fuzz_safetensors 600
-# New inputs go to build-sanitize/fuzz-corpus/TARGET/, findings to build-sanitize/fuzz-artifacts/TARGET/; the exit
+# New inputs go to build-fuzz/fuzz-corpus/TARGET/, findings to build-fuzz/fuzz-artifacts/TARGET/; the exit
 # status is non-zero on any finding (crash, sanitizer report, timeout, out-of-memory or over-large allocation).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,9 +24,9 @@ case "$target" in
 esac
 
 VIT_SETUP_SANITIZE=1 "$root/scripts/setup.sh"
-build=${VIT_SANITIZE_BUILD_DIR:-$root/build-sanitize}
-# The same configuration as scripts/sanitize.sh (scripts/build.sh's, plus the sanitizer options), but only this
-# target is built.
+build=${VIT_FUZZ_BUILD_DIR:-$root/build-fuzz}
+# Not the sanitizer suite's build: the coverage instrumentation libFuzzer needs in every unit would slow that whole
+# suite down. Only this target is built.
 CC=clang CXX=clang++ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DVIT_SANITIZE=ON -DVIT_BUILD_FUZZERS=ON \
   >/dev/null
 cmake --build "$build" --target "$target" -j "${VIT_JOBS:-$(nproc)}"
