@@ -106,8 +106,7 @@ void setup_embed(CLI::App& app, int& status) {
       "  index.csv      row,path,predicted: the npy row of each image that was read (in the order predict\n"
       "                 lists them) and its predicted class.\n"
       "An image that cannot be read is logged and gets no row; the others are still written (exit status 3).");
-  command->add_option("--checkpoint", options->checkpoint,
-                      "model file or timm / Hugging Face snapshot folder (default: the latest run's best model)")
+  command->add_option("--checkpoint", options->checkpoint, kCheckpointHelp)
       ->check(CLI::ExistingPath);
   add_config_args(command, options->config);
   command->add_option("--out", options->out, "output directory (created): the .npy files and index.csv")->required();

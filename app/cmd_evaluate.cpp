@@ -182,7 +182,7 @@ int run_evaluate(const EvaluateOptions& options) {
 void setup_evaluate(CLI::App& app, int& status) {
   auto options = std::make_shared<EvaluateOptions>();
   auto* command = app.add_subcommand("evaluate", "Score a model on a dataset split");
-  command->add_option("--checkpoint", options->checkpoint, "model file or timm / Hugging Face snapshot folder (default: the latest run's best model)")
+  command->add_option("--checkpoint", options->checkpoint, kCheckpointHelp)
       ->check(CLI::ExistingPath);
   add_config_args(command, options->config);
   command->add_option("--split", options->split, "val | test")->check(CLI::IsMember({"val", "test"}))->capture_default_str();

@@ -11,13 +11,16 @@ struct ExportOptions {
   std::string checkpoint;
   ConfigArgs config;
   std::string format;
+  std::string img_size;  // --img-size: the exported model's own input size (default: the model's)
+  std::string max_shard_size;  // --max-shard-size: "" for one weights file
   ExportRequest request;
 };
 
 int run_export(const ExportOptions& options) {
   ExportRequest request = options.request;
   request.format = *enum_from_name<ExportFormat>(options.format);  // the option's check admits only the names
-  auto model = load_model_args(options.checkpoint, options.config);
+  if (!options.max_shard_size.empty()) request.max_shard_bytes = parse_shard_size(options.max_shard_size);
+  auto model = load_model_args(options.checkpoint, options.config, options.img_size);
   export_model(model, request);
   log::info("wrote " + request.out + " (" + options.format + ") from " + model.path);
   return kOk;
@@ -28,12 +31,17 @@ int run_export(const ExportOptions& options) {
 void setup_export(CLI::App& app, int& status) {
   auto options = std::make_shared<ExportOptions>();
   auto* command = app.add_subcommand("export", "Write a model as our file, a timm or Hugging Face snapshot, or ONNX");
-  command->add_option("--checkpoint", options->checkpoint,
-                      "model file or timm / Hugging Face snapshot folder (default: the latest run's best model)")
+  command->add_option("--checkpoint", options->checkpoint, kCheckpointHelp)
       ->check(CLI::ExistingPath);
   add_config_args(command, options->config);
   command->add_option("--format", options->format, "vit | timm | hf | onnx")->required()->check(enum_choice<ExportFormat>());
   command->add_option("--out", options->request.out, "output file (vit, onnx) or new folder (timm, hf)")->required();
+  command->add_option("--img-size", options->img_size,
+                      "write the model at this input size: N or HxW, each side a multiple of the patch (default: its "
+                      "own); the position embedding is resampled once, as timm's checkpoint filter does");
+  command->add_option("--max-shard-size", options->max_shard_size,
+                      "timm, hf: weights larger than this are written as shards with model.safetensors.index.json, "
+                      "as transformers' save_pretrained writes them (e.g. 5GB, 500MiB; default: one file)");
   command->add_flag("--attention", options->request.attention,
                     "onnx: also output each block's attention probabilities (attention.0, ...)");
   command->callback([options, &status] { status = run_export(*options); });

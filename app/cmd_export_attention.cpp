@@ -167,7 +167,7 @@ void setup_export_attention(CLI::App& app, int& status) {
       "export-attention",
       "Export attention maps, rollout, gradient rollout, transformer attribution and Grad-CAM, overlays, faithfulness "
       "curves and an HTML gallery for images (files or folders)");
-  command->add_option("--checkpoint", options->checkpoint, "model file or timm / Hugging Face snapshot folder (default: the latest run's best model)")
+  command->add_option("--checkpoint", options->checkpoint, kCheckpointHelp)
       ->check(CLI::ExistingPath);
   add_config_args(command, options->config);
   command->add_option("--out", options->out, "output directory: DIR/<image stem>/ per image, DIR/index.html")

@@ -109,7 +109,7 @@ int run_predict(const PredictOptions&) {
 void setup_predict(CLI::App& app, int& status) {
   auto options = std::make_shared<PredictOptions>();
   auto* command = app.add_subcommand("predict", "Classify images (files or folders, searched recursively)");
-  command->add_option("--checkpoint", options->checkpoint, "model file or timm / Hugging Face snapshot folder (default: the latest run's best model)")
+  command->add_option("--checkpoint", options->checkpoint, kCheckpointHelp)
       ->check(CLI::ExistingPath);
   add_config_args(command, options->config);
   command->add_option("--topk", options->topk, "classes to show per image")->check(CLI::PositiveNumber)->capture_default_str();

@@ -39,10 +39,20 @@ std::string resolve_checkpoint(const std::string& checkpoint, const std::string&
 }
 
 LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args) {
+  return load_model_args(checkpoint, args, "");
+}
+
+LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args, const std::string& img_size) {
   const auto config = load_config_args(args);
   const std::string path =
       resolve_checkpoint(checkpoint, config ? config->train.output_root : std::string("runs"));
-  auto model = load_model(path, config);
+  LoadedModel model;
+  if (img_size.empty()) {
+    model = load_model(path, config);
+  } else {
+    const auto size = parse_img_sizes(img_size, false).front();
+    model = load_model_at_size(path, config, size[0], size[1], "--img-size " + img_size_text(size));
+  }
   for (const auto& note : model.adapted) log::info(model.path + ": " + note);
   return model;
 }

@@ -24,10 +24,16 @@ void add_config_args(CLI::App* command, ConfigArgs& args);
 // The config from --config (+ --set), or nullopt when no --config was given (--set alone is an error).
 std::optional<Config> load_config_args(const ConfigArgs& args);
 
+// --checkpoint's help, the same for every command that loads a model.
+inline constexpr const char* kCheckpointHelp =
+    "model file, timm / Hugging Face snapshot folder, or vit train's run folder (its final.safetensors) (default: the "
+    "latest run's best model)";
 // --checkpoint given: that file. Otherwise the newest run's best model (runs/latest/best.safetensors), logged.
 std::string resolve_checkpoint(const std::string& checkpoint, const std::string& runs_root = "runs");
 // Loads the model named by --checkpoint (or the latest run's), with --config for plain timm files.
 LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args);
+// The same, built at `img_size` ("N" or "HxW", --img-size of vit export) as its own size when not empty.
+LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args, const std::string& img_size);
 
 // --img-size: "N" (square) or "HxW"; with allow_list, a comma-separated list of them ("28,35,42"). Throws naming the
 // bad item. Each is (height, width).

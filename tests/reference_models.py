@@ -5,7 +5,7 @@ Every model is random-initialised here (never downloaded), saved the way the lib
 the library's own preprocessing, so the C++ side is compared with what a user of timm or transformers gets.
 
   timm-snapshot OUT --arch NAME --args JSON [--labels JSON] [--dtype f32|f16|bf16] --image PNG --ref FILE
-  hf-snapshot   OUT --config JSON [--processor JSON] [--dtype ...] --image PNG --ref FILE
+  hf-snapshot   OUT --config JSON [--processor JSON] [--dtype ...] [--max-shard-size SIZE] --image PNG --ref FILE
   check-timm    DIR --inputs FILE --image PNG --ref FILE   (our export, loaded by timm)
   check-hf      DIR --inputs FILE --image PNG --ref FILE   (our export, loaded by transformers)
 
@@ -83,7 +83,10 @@ def hf_snapshot(a):
     dtype = DTYPES[a.dtype]
     round_to(model, dtype)
     model.to(dtype)
-    model.save_pretrained(a.out, safe_serialization=True)
+    if a.max_shard_size:  # transformers' sharded layout: model.safetensors.index.json and its shards
+        model.save_pretrained(a.out, safe_serialization=True, max_shard_size=a.max_shard_size)
+    else:
+        model.save_pretrained(a.out, safe_serialization=True)
     model.to(torch.float32)
     # Saved as the Hub's ViT repositories are; the reference is its PIL backend (transformers >= 5 also has a
     # torchvision one, ViTImageProcessor itself, whose antialiased resize differs from PIL by a level here and there).
@@ -165,6 +168,7 @@ def main():
     p.add_argument("--config", required=True)
     p.add_argument("--processor")
     p.add_argument("--dtype", default="f32", choices=DTYPES)
+    p.add_argument("--max-shard-size")
     p.add_argument("--image", required=True)
     p.add_argument("--ref", required=True)
     p.set_defaults(run=hf_snapshot)

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -108,7 +109,9 @@ class HfSnapshot : public ::testing::TestWithParam<std::string> {};
 TEST_P(HfSnapshot, PredictsLikeTransformersWithNoConfig) {
   SKIP_WITHOUT_PYTHON("transformers", "safetensors");
   {
-    const std::string dtype = GetParam();
+    // "f32", "bf16", or "f32_sharded": saved by save_pretrained in shards with their index.
+    const std::string dtype = GetParam().substr(0, GetParam().find('_'));
+    const bool sharded = GetParam().find("_sharded") != std::string::npos;
     TempDir dir;
     const std::string snap = dir / "snapshot", image = dir / "image.png", ref = dir / "ref.safetensors";
     run_python("reference_models.py",
@@ -119,14 +122,17 @@ TEST_P(HfSnapshot, PredictsLikeTransformersWithNoConfig) {
                    "\"label2id\": {\"cat\": 0, \"dog\": 1, \"eel\": 2}}'"
                    " --processor '{\"size\": {\"height\": 32, \"width\": 32}, \"image_mean\": [0.4, 0.5, 0.6], "
                    "\"image_std\": [0.2, 0.25, 0.3]}' --dtype " +
-                   dtype + " --image " + test::quoted(image) + " --ref " + test::quoted(ref));
+                   dtype + (sharded ? " --max-shard-size 100KB" : "") + " --image " + test::quoted(image) + " --ref " +
+                   test::quoted(ref));
+    EXPECT_EQ(file_exists(snap + "/model.safetensors.index.json"), sharded);
+    EXPECT_EQ(file_exists(snap + "/model.safetensors"), !sharded);
     auto model = load_model(snap);
     const auto expected = safetensors::read(ref);
     torch::Tensor pixels;
     const auto logits = our_logits(model, image, &pixels);
     const double pixel_diff = max_abs_diff(pixels, expected.tensor("pixels"));
     const double logit_diff = max_abs_diff(logits, expected.tensor("logits"));
-    std::cout << "hf " << dtype << ": max |d| pixels " << pixel_diff << ", logits " << logit_diff << "\n";
+    std::cout << "hf " << GetParam() << ": max |d| pixels " << pixel_diff << ", logits " << logit_diff << "\n";
     EXPECT_LE(pixel_diff, 1e-5) << "preprocessing differs from ViTImageProcessor's";
     expect_within_one_level(pixels, expected.tensor("pixels_torchvision"), model.preprocess);
     EXPECT_LE(logit_diff, kLogitTolerance);
@@ -146,7 +152,7 @@ TEST_P(HfSnapshot, PredictsLikeTransformersWithNoConfig) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, HfSnapshot, ::testing::Values("f32", "bf16"),
+INSTANTIATE_TEST_SUITE_P(Dtypes, HfSnapshot, ::testing::Values("f32", "bf16", "f32_sharded"),
                          [](const auto& info) { return info.param; });
 
 // A small model of ours, random but with every tensor away from its init, saved as our own file.
@@ -258,6 +264,20 @@ TEST(ExportHf, LoadsInTransformersWithTheSameLogitsAndPreprocessing) {
   EXPECT_EQ(again.class_names, model.class_names);
   EXPECT_LE(max_abs_diff(again.net->forward(theirs.tensor("pixels")), model.net->forward(theirs.tensor("pixels"))),
             1e-6);
+  // The same model in shards (--max-shard-size), as transformers' from_pretrained reads them.
+  const std::string sharded = dir / "hf_sharded";
+  ExportRequest request{ExportFormat::hf, sharded, false};
+  request.max_shard_bytes = 40000;
+  export_model(model, request);
+  const auto index = nlohmann::json::parse(read_file(sharded + "/model.safetensors.index.json"));
+  std::set<std::string> shards;
+  for (const auto& item : index["weight_map"].items()) shards.insert(item.value().get<std::string>());
+  EXPECT_GE(shards.size(), 3u);
+  run_python("reference_models.py", "check-hf " + test::quoted(sharded) + " --inputs " +
+                                        test::quoted(dir / "inputs.safetensors") + " --image " + test::quoted(image) +
+                                        " --ref " + test::quoted(dir / "check_sharded.safetensors"));
+  std::cout << "hf export in " << shards.size() << " shards\n";
+  expect_same_logits(ours, safetensors::read(dir / "check_sharded.safetensors"), "sharded hf export");
 }
 
 TEST(Export, WhatTheFormatCannotRepresentFailsAndLeavesNothing) {

@@ -1,13 +1,20 @@
 // Model behaviour: presets, masks, position-embedding resampling, rectangular inputs, relative bias, LayerScale,
 // head ablation, clear size errors, and model files that round-trip bit-identically.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "config/config.h"
+#include "export/export.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/flops.h"
 #include "model/vit.h"
 #include "test_util.h"
+#include "util/fs.h"
 
 namespace vit {
 namespace {
@@ -237,6 +244,117 @@ TEST(ModelFile, FinetuneAdaptsHeadAndPositionEmbedding) {
                            source->blocks[1]->as<Block>()->mlp->fc1->weight));
   EXPECT_EQ(target->pos_embed.size(1), 1 + 36);
   EXPECT_TRUE(torch::equal(target->pos_embed.select(1, 0), source->pos_embed.select(1, 0)));
+}
+
+// A `vit train` run folder as the model: its declared final.safetensors, else best.safetensors, said first in the
+// log notes; a run folder with neither names the file to pass instead. Fine-tuning reads it the same way.
+TEST(ModelFile, RunFolderLoadsItsFinalElseItsBestWeights) {
+  test::TempDir dir;
+  const std::string run = dir.file("run");
+  torch::manual_seed(9);
+  VisionTransformer final_net(tiny()), best_net(tiny());
+  std::filesystem::create_directories(run);
+  test::write_bytes(run + "/metrics.jsonl", "{}\n");
+  test::write_bytes(run + "/config.json", "{\"train\": {}}");  // the run's training config, not a snapshot's
+  const std::string no_weights = test::error_of([&] { load_model(run); });
+  EXPECT_EQ(no_weights, run + ": a vit run folder with neither final.safetensors nor best.safetensors yet (the run "
+                              "ended before its first evaluation); name one of its files, e.g. " + run +
+                              "/last.safetensors");
+  save_model(run + "/best.safetensors", best_net, Preprocess{}, numbered_classes(5));
+  auto best = load_model(run);
+  EXPECT_EQ(best.path, run + "/best.safetensors");
+  ASSERT_FALSE(best.adapted.empty());
+  EXPECT_NE(best.adapted.front().find("best.safetensors, the best on its validation split"), std::string::npos)
+      << best.adapted.front();
+  save_model(run + "/final.safetensors", final_net, Preprocess{}, numbered_classes(5));
+  auto final_model = load_model(run);
+  EXPECT_EQ(final_model.path, run + "/final.safetensors");
+  EXPECT_NE(final_model.adapted.front().find("final.safetensors, the weights its train.final_weights declared"),
+            std::string::npos) << final_model.adapted.front();
+  EXPECT_EQ(final_model.sources.back(), (std::pair<std::string, std::string>{"run folder", run}));
+  EXPECT_TRUE(torch::equal(final_model.net->head->weight, final_net->head->weight));
+  EXPECT_FALSE(torch::equal(final_model.net->head->weight, best_net->head->weight));
+  VisionTransformer tuned(tiny());
+  const auto notes = load_for_finetune(run, tuned);
+  ASSERT_FALSE(notes.empty());
+  EXPECT_NE(notes.front().find("final.safetensors"), std::string::npos) << notes.front();
+  EXPECT_TRUE(torch::equal(tuned->head->weight, final_net->head->weight));
+  // A snapshot folder is still a snapshot: a model.safetensors beside a final.safetensors is not a run.
+  test::write_bytes(run + "/model.safetensors", "not read as a run folder");
+  EXPECT_EQ(test::error_of([&] { load_model(run); }).find("run folder"), std::string::npos);
+}
+
+// Sharded snapshot folders both ways: vit export --max-shard-size writes transformers' layout (an index and
+// model-0000i-of-0000N.safetensors shards, none over the limit unless one tensor is), and a sharded timm or HF folder
+// loads and fine-tunes as the single-file one does. An index that points outside the folder, or at a shard without
+// the tensor, is refused naming it.
+TEST(ModelFile, ShardedSnapshotsWriteAndLoadLikeOneFile) {
+  test::TempDir dir;
+  torch::manual_seed(10);
+  LoadedModel model;
+  model.net = VisionTransformer(tiny());
+  model.model = model.net->config();
+  model.class_names = numbered_classes(5);
+  model.preprocess.crop_mode = CropMode::squash;  // what HF's ViTImageProcessor represents
+  const uint64_t limit = 20000;
+  for (const auto& [format, name] : std::vector<std::pair<ExportFormat, std::string>>{{ExportFormat::timm, "timm"},
+                                                                                        {ExportFormat::hf, "hf"}}) {
+    const std::string one = dir.file(name), sharded = dir.file(name + "_sharded");
+    export_model(model, {format, one, false});
+    ExportRequest request{format, sharded, false};
+    request.max_shard_bytes = limit;
+    export_model(model, request);
+    EXPECT_FALSE(file_exists(sharded + "/model.safetensors"));
+    const auto index = nlohmann::json::parse(read_file(sharded + "/model.safetensors.index.json"));
+    std::map<std::string, int> tensors_per_shard;
+    for (const auto& item : index["weight_map"].items()) ++tensors_per_shard[item.value().get<std::string>()];
+    ASSERT_GE(tensors_per_shard.size(), 3u) << index.dump();
+    for (const auto& [shard, count] : tensors_per_shard) {
+      char suffix[32];
+      std::snprintf(suffix, sizeof suffix, "-of-%05zu.safetensors", tensors_per_shard.size());
+      EXPECT_EQ(shard.rfind("model-", 0), 0u) << shard;
+      EXPECT_EQ(shard.substr(shard.size() - std::strlen(suffix)), suffix) << shard;
+      const auto archive = safetensors::read(sharded + "/" + shard);
+      uint64_t bytes = 0;
+      for (const auto& info : archive.tensors) bytes += info.end - info.begin;
+      EXPECT_TRUE(bytes <= limit || count == 1) << shard << ": " << bytes << " bytes in " << count << " tensors";
+    }
+    std::cout << name << ": " << tensors_per_shard.size() << " shards of at most " << limit << " bytes\n";
+    auto a = load_model(one), b = load_model(sharded);
+    EXPECT_EQ(to_json(b.model), to_json(a.model));
+    auto expected = a.net->named_parameters();
+    for (const auto& p : b.net->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), expected[p.key()])) << p.key();
+    VisionTransformer tuned(tiny());
+    load_for_finetune(sharded, tuned);
+    EXPECT_TRUE(torch::equal(tuned->head->weight, model.net->head->weight));
+  }
+  const std::string index_path = dir.file("timm_sharded/model.safetensors.index.json");
+  auto index = nlohmann::json::parse(read_file(index_path));
+  const std::string shard = index["weight_map"]["head.weight"].get<std::string>();
+  auto outside = index;
+  outside["weight_map"]["head.weight"] = "../" + shard;
+  test::write_bytes(index_path, outside.dump());
+  EXPECT_EQ(test::error_of([&] { load_model(dir.file("timm_sharded")); }),
+            index_path + ": weight_map names \"../" + shard + "\" for \"head.weight\": not the name of a file in the folder");
+  auto elsewhere = index;
+  const std::string other = index["weight_map"]["cls_token"].get<std::string>();
+  ASSERT_NE(other, shard);
+  elsewhere["weight_map"]["head.weight"] = other;
+  test::write_bytes(index_path, elsewhere.dump());
+  EXPECT_EQ(test::error_of([&] { load_model(dir.file("timm_sharded")); }),
+            index_path + ": its weight_map puts head.weight in " + dir.file("timm_sharded/" + other) +
+                ", which does not hold it");
+  // The size as transformers spells it, and a format that has no shards.
+  EXPECT_EQ(parse_shard_size("5GB"), 5000000000ull);
+  EXPECT_EQ(parse_shard_size("500MiB"), 500ull << 20);
+  EXPECT_EQ(parse_shard_size("20000"), 20000ull);
+  for (const char* bad : {"5XB", "GB", "0", "-1", "1.5GB", ""}) {
+    EXPECT_NE(test::error_of([&] { parse_shard_size(bad); }).find("is not a size"), std::string::npos) << bad;
+  }
+  ExportRequest file_request{ExportFormat::vit, dir.file("m.safetensors"), false};
+  file_request.max_shard_bytes = limit;
+  EXPECT_EQ(test::error_of([&] { export_model(model, file_request); }),
+            "--max-shard-size applies to --format timm and hf (snapshot folders) only");
 }
 
 // A hostile file (tests/data/fuzz/fuzz_model_file/): a few kilobytes of tensors under metadata that describes

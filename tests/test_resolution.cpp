@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "export/export.h"
 #include "io/model_file.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
@@ -148,6 +149,55 @@ TEST(AnyResolution, PlainTimmFileIntoAnotherImgSize) {
   // The trained size runs as before.
   EXPECT_FALSE(torch::equal(resized, predicted_logits("--checkpoint " + weights + " --config " +
                                                        test::quoted(config) + " " + image)));
+}
+
+// vit export --img-size: the model written at another size as its own (the position embedding resampled once, as a
+// --config at that size does at load) for every format; predicting from it equals predicting at that size.
+TEST(AnyResolution, ExportWritesTheModelAtAnotherSize) {
+  TempDir dir;
+  const std::string base = "export --checkpoint " + test::quoted(test::data_path("tiny32/weights.safetensors")) +
+                           " --config " + test::quoted(test::write_tiny32_config(dir)) + " ";
+  const std::string image = test::quoted(test::data_path("tiny32/chelsea.png"));
+  const std::string file = dir.file("m64.safetensors"), folder = dir.file("timm48x64");
+  auto exported = test::run_vit(base + "--format vit --img-size 64 --out " + test::quoted(file));
+  ASSERT_EQ(exported.status, 0) << exported.errors;
+  EXPECT_NE(exported.errors.find("pos_embed resampled from a 2x2 to a 4x4 grid (64x64 input)"), std::string::npos)
+      << exported.errors;
+  const auto own = load_model(file);
+  EXPECT_EQ(own.net->config().img_h, 64);
+  EXPECT_EQ(own.net->pos_embed.size(1), 1 + 16);
+  const auto at_load = predicted_logits("--checkpoint " + test::quoted(file) + " " + image);
+  const auto dynamic = predicted_logits("--checkpoint " + test::quoted(test::data_path("tiny32/weights.safetensors")) +
+                                        " --config " + test::quoted(test::write_tiny32_config(dir)) +
+                                        " --img-size 64 " + image);
+  std::cout << "export --img-size 64 vs predict --img-size 64: max |d| logits " << max_abs_diff(at_load, dynamic) << "\n";
+  EXPECT_LE(max_abs_diff(at_load, dynamic), 1e-6);
+
+  exported = test::run_vit(base + "--format timm --img-size 48x64 --out " + test::quoted(folder));
+  ASSERT_EQ(exported.status, 0) << exported.errors;
+  const auto config = nlohmann::json::parse(read_file(folder + "/config.json"));
+  EXPECT_EQ(config["model_args"]["img_size"], nlohmann::json::array({48, 64})) << config.dump();
+  const auto rectangle = predicted_logits("--checkpoint " + test::quoted(folder) + " " + image);
+  const auto rectangle_dynamic = predicted_logits(
+      "--checkpoint " + test::quoted(test::data_path("tiny32/weights.safetensors")) + " --config " +
+      test::quoted(test::write_tiny32_config(dir)) + " --img-size 48x64 " + image);
+  std::cout << "export --img-size 48x64 (timm) vs predict --img-size 48x64: max |d| logits "
+            << max_abs_diff(rectangle, rectangle_dynamic) << "\n";
+  EXPECT_LE(max_abs_diff(rectangle, rectangle_dynamic), 1e-6);
+  if (onnx_export_available()) {  // the ONNX writer takes the network as built, its input at the new size
+    exported = test::run_vit(base + "--format onnx --img-size 64 --out " + test::quoted(dir.file("m64.onnx")));
+    ASSERT_EQ(exported.status, 0) << exported.errors;
+    EXPECT_TRUE(file_exists(dir.file("m64.onnx")));
+  }
+  // The model's own size writes it unchanged; a size the patch does not divide fails before anything is written.
+  exported = test::run_vit(base + "--format vit --img-size 32 --out " + test::quoted(dir.file("m32.safetensors")));
+  ASSERT_EQ(exported.status, 0) << exported.errors;
+  EXPECT_EQ(exported.errors.find("resampled"), std::string::npos) << exported.errors;
+  const auto bad = test::run_vit(base + "--format vit --img-size 33 --out " + test::quoted(dir.file("bad.safetensors")));
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.errors.find("--img-size 33: 33 is not a multiple of the patch size 16 (nearest valid: 32 or 48)"),
+            std::string::npos) << bad.errors;
+  EXPECT_FALSE(file_exists(dir.file("bad.safetensors")));
 }
 
 TEST(AnyResolution, BadSizesNameTheNearestValidOnes) {

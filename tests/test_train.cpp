@@ -213,6 +213,11 @@ TEST(TrainRun, WritesRunDirectoryAndLearns) {
     EXPECT_TRUE(torch::equal(final_weights.tensor(info.name), ema.tensor(info))) << info.name;
   }
   EXPECT_EQ(final_weights.metadata.at("weights"), "ema");
+  // The run folder itself names the model: its final.safetensors, said in one line.
+  const auto info = test::run_vit("info --checkpoint '" + dir.file("run") + "'");
+  ASSERT_EQ(info.status, 0) << info.errors;
+  EXPECT_NE(info.errors.find("final.safetensors: loaded as the run folder's final.safetensors"), std::string::npos)
+      << info.errors;
   // Every model file's metadata names the weights it holds.
   EXPECT_EQ(ema.metadata.at("weights"), "ema");
   EXPECT_EQ(live.metadata.at("weights"), "model");

@@ -35,8 +35,42 @@ void check_new_folder(const std::string& out) {
 
 // Writes the folder's files into a sibling temp folder and renames it to `out` at the end: an interrupted export
 // leaves no partial folder under the final name.
+// The weights of a snapshot folder: model.safetensors, or, above max_shard_bytes (when not 0), shards named as
+// transformers' save_pretrained names them (model-00001-of-00003.safetensors, ...) with model.safetensors.index.json
+// giving each tensor's shard. Tensors go in order, a new shard when the next would pass the limit (a tensor larger
+// than the limit gets a shard of its own), as transformers splits them.
+void write_weights(const std::string& folder, const safetensors::NamedTensors& tensors, uint64_t max_shard_bytes) {
+  const std::map<std::string, std::string> metadata{{"format", "pt"}};
+  auto bytes_of = [](const torch::Tensor& t) { return static_cast<uint64_t>(t.numel()) * t.element_size(); };
+  uint64_t total = 0;
+  for (const auto& item : tensors) total += bytes_of(item.second);
+  if (max_shard_bytes == 0 || total <= max_shard_bytes) {
+    safetensors::write(folder + "/model.safetensors", tensors, metadata);
+    return;
+  }
+  std::vector<safetensors::NamedTensors> shards(1);
+  uint64_t size = 0;
+  for (const auto& item : tensors) {
+    if (!shards.back().empty() && size + bytes_of(item.second) > max_shard_bytes) {
+      shards.emplace_back();
+      size = 0;
+    }
+    shards.back().push_back(item);
+    size += bytes_of(item.second);
+  }
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    safetensors::write(folder + "/" + name, shards[i], metadata);
+    for (const auto& item : shards[i]) weight_map[item.first] = name;
+  }
+  const nlohmann::json index{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  write_file_atomic(folder + "/model.safetensors.index.json", index.dump(2) + "\n");
+}
+
 void write_folder(const std::string& out, const std::map<std::string, nlohmann::json>& files,
-                  const safetensors::NamedTensors& tensors) {
+                  const safetensors::NamedTensors& tensors, uint64_t max_shard_bytes) {
   check_new_folder(out);
   std::string trimmed = out;
   while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
@@ -46,7 +80,7 @@ void write_folder(const std::string& out, const std::map<std::string, nlohmann::
   try {
     make_dirs(temp);
     for (const auto& [name, doc] : files) write_file_atomic(temp + "/" + name, doc.dump(2) + "\n");
-    safetensors::write(temp + "/model.safetensors", tensors, {{"format", "pt"}});
+    write_weights(temp, tensors, max_shard_bytes);
     if (std::rename(temp.c_str(), trimmed.c_str()) != 0) {
       throw std::runtime_error(trimmed + ": cannot rename " + temp + " to it");
     }
@@ -125,10 +159,29 @@ onnx::ExportInput onnx_export_input(VisionTransformer& net, bool attention_outpu
 
 bool onnx_export_available() { return VIT_WITH_ONNX; }
 
+uint64_t parse_shard_size(const std::string& text) {
+  static const std::vector<std::pair<std::string, uint64_t>> units{
+      {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"KB", 1000},
+      {"MB", 1000 * 1000}, {"GB", 1000 * 1000 * 1000}, {"", 1}};
+  for (const auto& [unit, scale] : units) {
+    if (text.size() <= unit.size() || text.compare(text.size() - unit.size(), unit.size(), unit) != 0) continue;
+    const std::string digits = text.substr(0, text.size() - unit.size());
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) break;
+    const uint64_t value = std::stoull(digits) * scale;
+    if (value == 0) break;
+    return value;
+  }
+  throw std::invalid_argument("--max-shard-size: \"" + text +
+                              "\" is not a size (bytes, or a number with KB, MB, GB, KiB, MiB or GiB, e.g. 5GB)");
+}
+
 void export_model(LoadedModel& model, const ExportRequest& request) {
   if (request.out.empty()) throw std::invalid_argument("vit export needs --out");
   if (request.attention && request.format != ExportFormat::onnx) {
     throw std::invalid_argument("--attention applies to --format onnx only");
+  }
+  if (request.max_shard_bytes != 0 && request.format != ExportFormat::timm && request.format != ExportFormat::hf) {
+    throw std::invalid_argument("--max-shard-size applies to --format timm and hf (snapshot folders) only");
   }
   torch::NoGradGuard no_grad;
   model.net->eval();
@@ -142,12 +195,12 @@ void export_model(LoadedModel& model, const ExportRequest& request) {
     }
     case ExportFormat::timm: {
       const auto files = snapshot_files(SnapshotKind::timm, model.net->config(), model.preprocess, model.class_names);
-      write_folder(request.out, files, state_tensors(model.net));
+      write_folder(request.out, files, state_tensors(model.net), request.max_shard_bytes);
       return;
     }
     case ExportFormat::hf: {
       const auto files = snapshot_files(SnapshotKind::hf, model.net->config(), model.preprocess, model.class_names);
-      write_folder(request.out, files, hf_tensors(model.net));
+      write_folder(request.out, files, hf_tensors(model.net), request.max_shard_bytes);
       return;
     }
     case ExportFormat::onnx:

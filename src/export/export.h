@@ -2,6 +2,7 @@
 // or one ONNX file. What the target cannot represent fails before anything is written; nothing partial is left.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "config/enum_names.h"
@@ -20,7 +21,12 @@ struct ExportRequest {
   ExportFormat format = ExportFormat::vit;
   std::string out;         // a file (vit, onnx) or a folder that must not exist yet (timm, hf)
   bool attention = false;  // onnx: each block's attention probabilities as outputs attention.{i}
+  uint64_t max_shard_bytes = 0;  // timm, hf: weights above this split into shards with an index (0: one file)
 };
+
+// --max-shard-size as transformers spells it: bytes, or a number with KB/MB/GB (powers of 1000) or KiB/MiB/GiB
+// (powers of 1024), e.g. "5GB", "500MiB". Throws std::invalid_argument naming the text.
+uint64_t parse_shard_size(const std::string& text);
 
 // Writes `model` as asked. Throws std::invalid_argument for what the format cannot represent (naming it) and
 // std::runtime_error for I/O failures (naming the path); either way `out` is left as it was.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 
@@ -12,6 +13,7 @@
 #include "io/safetensors.h"
 #include "io/snapshot.h"
 #include "model/flops.h"
+#include "util/fs.h"
 
 namespace vit {
 using nlohmann::json;
@@ -117,33 +119,66 @@ json metadata_json(const std::map<std::string, std::string>& metadata, const std
 
 namespace {
 
-// For each of our tensor names, the snapshot tensors it is made of (one, or HF's query, key and value stacked).
+// For each of our tensor names, the snapshot tensors it is made of (one, or HF's query, key and value stacked), from
+// its one weights file or from the shards its index names.
 struct SnapshotWeights {
-  const safetensors::File file;
-  std::map<std::string, std::vector<const safetensors::TensorInfo*>> parts;
+  using Part = std::pair<const safetensors::File*, const safetensors::TensorInfo*>;
+  std::string path;  // model.safetensors, or the shard index
+  std::map<std::string, std::unique_ptr<safetensors::File>> files;  // by path
+  std::map<std::string, std::vector<Part>> parts;
+  uint64_t data_size = 0;  // of every file together
 
-  explicit SnapshotWeights(const Snapshot& snapshot) : file(snapshot.weights) {
-    std::vector<std::string> names;
-    for (const auto& info : file.tensors()) names.push_back(info.name);
-    for (const auto& [ours, theirs] : snapshot_names(snapshot.kind, names, snapshot.weights)) {
-      for (const auto& name : theirs) parts[ours].push_back(file.find(name));
+  explicit SnapshotWeights(const Snapshot& snapshot) : path(snapshot.weights) {
+    std::map<std::string, const safetensors::File*> where;  // their name -> the file holding it
+    if (snapshot.shard_of.empty()) {
+      const auto& file = open(snapshot.weights);
+      for (const auto& info : file.tensors()) where[info.name] = &file;
+    } else {
+      for (const auto& [name, shard] : snapshot.shard_of) {
+        const auto& file = open(shard);
+        if (file.find(name) == nullptr) {
+          throw std::runtime_error(path + ": its weight_map puts " + name + " in " + shard + ", which does not hold it");
+        }
+        where[name] = &file;
+      }
+      for (const auto& [file_path, file] : files) {
+        for (const auto& info : file->tensors()) {
+          if (where.count(info.name) == 0 || where.at(info.name) != file.get()) {
+            throw std::runtime_error(file_path + ": holds " + info.name + ", which the weight_map of " + path +
+                                     " does not place there");
+          }
+        }
+      }
     }
+    std::vector<std::string> names;
+    for (const auto& [name, file] : where) names.push_back(name);
+    for (const auto& [ours, theirs] : snapshot_names(snapshot.kind, names, path)) {
+      for (const auto& name : theirs) parts[ours].emplace_back(where.at(name), where.at(name)->find(name));
+    }
+  }
+  const safetensors::File& open(const std::string& file_path) {
+    auto& slot = files[file_path];
+    if (!slot) {
+      slot = std::make_unique<safetensors::File>(file_path);
+      data_size += slot->data_size();
+    }
+    return *slot;
   }
   // Our name -> shape (stacked parts along dim 0); a stack of mismatched parts fails naming them.
   std::map<std::string, std::vector<int64_t>> shapes() const {
     std::map<std::string, std::vector<int64_t>> out;
     for (const auto& [ours, infos] : parts) {
-      std::vector<int64_t> shape = infos[0]->shape;
+      std::vector<int64_t> shape = infos[0].second->shape;
       for (size_t i = 1; i < infos.size(); ++i) {
-        auto rest = infos[i]->shape;
+        auto rest = infos[i].second->shape;
         if (rest.empty() || shape.empty() || std::vector<int64_t>(rest.begin() + 1, rest.end()) !=
                                                  std::vector<int64_t>(shape.begin() + 1, shape.end())) {
-          throw std::runtime_error(file.path() + ": " + infos[0]->name + " and " + infos[i]->name +
+          throw std::runtime_error(path + ": " + infos[0].second->name + " and " + infos[i].second->name +
                                    " have shapes that do not stack into " + ours);
         }
         // Parts with a zero dimension hold no data whatever their first: their sum must not wrap.
         if (__builtin_add_overflow(shape[0], rest[0], &shape[0])) {
-          throw std::runtime_error(file.path() + ": " + infos[0]->name + " and " + infos[i]->name +
+          throw std::runtime_error(path + ": " + infos[0].second->name + " and " + infos[i].second->name +
                                    " stack into more rows than any tensor holds (" + ours + ")");
         }
       }
@@ -153,9 +188,10 @@ struct SnapshotWeights {
   }
   void read_into(const std::string& ours, torch::Tensor target) const {
     int64_t row = 0;
-    for (const auto* info : parts.at(ours)) {
+    const auto& infos = parts.at(ours);
+    for (const auto& [file, info] : infos) {
       const int64_t rows = info->shape.empty() ? 1 : info->shape[0];
-      file.read_into(*info, parts.at(ours).size() == 1 ? target : target.narrow(0, row, rows));
+      file->read_into(*info, infos.size() == 1 ? target : target.narrow(0, row, rows));
       row += rows;
     }
   }
@@ -257,9 +293,39 @@ void check_fits_file(const ModelConfig& described, uint64_t data_bytes, const st
                            std::to_string(data_bytes) + " bytes of tensor data (damaged, or not this model's file)");
 }
 
+// A folder `vit train` wrote (README "Run directory": metrics.jsonl, state.safetensors, final.safetensors, ...) stands
+// for its result: final.safetensors, the weights train.final_weights declared, else best.safetensors, the best on the
+// validation split. Returns that file and a line for the log, or {"", ""} for a file or any other folder (a snapshot).
+std::pair<std::string, std::string> run_folder_weights(const std::string& path) {
+  if (!is_snapshot_dir(path)) return {"", ""};
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const bool run = file_exists(dir + "/metrics.jsonl") || file_exists(dir + "/state.safetensors") ||
+                   file_exists(dir + "/final.safetensors") || file_exists(dir + "/best.safetensors");
+  if (!run || file_exists(dir + "/model.safetensors")) return {"", ""};
+  if (file_exists(dir + "/final.safetensors")) {
+    return {dir + "/final.safetensors",
+            "the run folder's final.safetensors, the weights its train.final_weights declared"};
+  }
+  if (file_exists(dir + "/best.safetensors")) {
+    return {dir + "/best.safetensors",
+            "the run folder's best.safetensors, the best on its validation split (no final.safetensors: the run has "
+            "not ended)"};
+  }
+  throw std::runtime_error(dir + ": a vit run folder with neither final.safetensors nor best.safetensors yet (the run "
+                           "ended before its first evaluation); name one of its files, e.g. " + dir +
+                           "/last.safetensors");
+}
+
 }  // namespace
 
 LoadedModel load_model(const std::string& path, const std::optional<Config>& fallback) {
+  if (const auto [weights, why] = run_folder_weights(path); !weights.empty()) {
+    LoadedModel out = load_model(weights, fallback);
+    out.adapted.insert(out.adapted.begin(), "loaded as " + why);
+    out.sources.emplace_back("run folder", path);
+    return out;
+  }
   if (is_snapshot_dir(path)) {
     const Snapshot snapshot = read_snapshot(path);
     LoadedModel out;
@@ -270,7 +336,7 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
     out.sources = snapshot.sources;
     out.sources.emplace_back("weights", snapshot.weights);
     const SnapshotWeights weights(snapshot);
-    check_fits_file(snapshot.model, weights.file.data_size(), snapshot.weights, "the snapshot's config");
+    check_fits_file(snapshot.model, weights.data_size, snapshot.weights, "the snapshot's config");
     if (out.class_names.empty()) {
       out.class_names = numbered_classes(out.model.num_classes);
       out.sources.emplace_back("class_names", "numbered (the snapshot names none)");
@@ -354,6 +420,24 @@ void check_input_size(const ModelConfig& model, int64_t height, int64_t width, c
   }
 }
 
+LoadedModel load_model_at_size(const std::string& path, const std::optional<Config>& fallback, int64_t height,
+                               int64_t width, const std::string& what) {
+  LoadedModel own = load_model(path, fallback);
+  check_input_size(own.model, height, width, what);
+  if (own.model.img_h == height && own.model.img_w == width) return own;
+  // The same model at the new size, as a --config would describe it: load_model builds it at that size and resamples
+  // the file's position embedding for its grid.
+  Config resized = fallback.value_or(Config{});
+  resized.model = own.model;
+  resized.model.img_h = height, resized.model.img_w = width;
+  LoadedModel out = load_model(path, resized);
+  if (out.model.img_h != height || out.model.img_w != width) {
+    throw std::logic_error(path + ": loading at " + size_text(height, width) + " built " +
+                           size_text(out.model.img_h, out.model.img_w));
+  }
+  return out;
+}
+
 std::string set_input_size(LoadedModel& model, int64_t height, int64_t width, const std::string& what) {
   check_input_size(model.model, height, width, what);
   if (model.model.img_h == height && model.model.img_w == width) return "";
@@ -366,6 +450,11 @@ std::string set_input_size(LoadedModel& model, int64_t height, int64_t width, co
 }
 
 std::vector<std::string> load_for_finetune(const std::string& path, VisionTransformer& net) {
+  if (const auto [weights, why] = run_folder_weights(path); !weights.empty()) {
+    auto notes = load_for_finetune(weights, net);
+    notes.insert(notes.begin(), "loaded " + why);
+    return notes;
+  }
   std::map<std::string, torch::Tensor> tensors;
   std::optional<ModelConfig> trained;  // the source's architecture, when it says (for its grid)
   if (is_snapshot_dir(path)) {

@@ -34,7 +34,8 @@ void save_model(const std::string& path, VisionTransformer& net, const Preproces
                 const std::vector<std::string>& class_names, const std::map<std::string, std::string>& extra = {});
 
 // Rebuilds a model from a file or a snapshot folder alone: our own file, or a timm or Hugging Face snapshot folder
-// (io/snapshot.h: config and preprocessing from its JSON files). A plain timm file needs `fallback` (from --config)
+// (io/snapshot.h: config and preprocessing from its JSON files). A run folder of `vit train` loads its
+// final.safetensors, else its best.safetensors, first in `adapted` (which file, and why) and in `sources`. A plain timm file needs `fallback` (from --config)
 // for the architecture and preprocessing. A self-describing file or folder keeps its own architecture; `fallback`'s
 // model section applies to it only when it describes the same model at another img_size. Either way, a position
 // embedding made for another grid is resampled at load as timm's checkpoint filter does (bicubic, antialiased, prefix
@@ -42,6 +43,12 @@ void save_model(const std::string& path, VisionTransformer& net, const Preproces
 // load into float32. A pickle checkpoint is refused, never unpickled. Missing/unexpected tensors and wrong shapes are
 // listed by name.
 LoadedModel load_model(const std::string& path, const std::optional<Config>& fallback = std::nullopt);
+
+// load_model with the network built at `height` x `width` as its own size: the position embedding resampled once, as
+// load_model does for a --config at another img_size (`vit export --img-size`), where set_input_size resamples at
+// every forward pass. Checks the size (check_input_size, naming `what`).
+LoadedModel load_model_at_size(const std::string& path, const std::optional<Config>& fallback, int64_t height,
+                               int64_t width, const std::string& what);
 
 // Throws std::invalid_argument when `height` x `width` is not a grid of whole patches of `model`, naming the nearest
 // valid sizes; `what` starts the message (e.g. "--img-size 30").
@@ -53,8 +60,9 @@ void check_input_size(const ModelConfig& model, int64_t height, int64_t width, c
 // when the model already runs at that size.
 std::string set_input_size(LoadedModel& model, int64_t height, int64_t width, const std::string& what);
 
-// Copies the tensors of `path` (a model file or a snapshot folder) into `net` for fine-tuning: the head is left as initialised when its class count
-// differs, the position embedding is resampled when the grid differs. Returns what was adapted (for the log).
+// Copies the tensors of `path` (a model file, a snapshot folder or a run folder, as load_model) into `net` for
+// fine-tuning: the head is left as initialised when its class count differs, the position embedding is resampled
+// when the grid differs. Returns what was adapted (for the log).
 std::vector<std::string> load_for_finetune(const std::string& path, VisionTransformer& net);
 
 // Copies named tensors into the model's parameters and buffers; throws listing every missing, unexpected and

@@ -30,6 +30,26 @@ json read_json(const std::string& path) {
 }
 
 std::string show(const json& value) { return value.dump(); }
+
+// Sharded weights, as transformers' save_pretrained and timm's push_to_hub write them above their size limit: an index
+// {"weight_map": {tensor: file}} beside the shards. Each file must be a plain name in the folder (never a path
+// elsewhere).
+std::map<std::string, std::string> read_shard_index(const std::string& index, const std::string& dir) {
+  const json doc = read_json(index);
+  const auto map = doc.find("weight_map");
+  if (map == doc.end() || !map->is_object() || map->empty()) {
+    fail(index, "no \"weight_map\" object naming the file of each tensor");
+  }
+  std::map<std::string, std::string> out;
+  for (const auto& [name, file] : map->items()) {
+    const std::string shard = file.is_string() ? file.get<std::string>() : "";
+    if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos) {
+      fail(index, "weight_map names " + show(file) + " for " + show(name) + ": not the name of a file in the folder");
+    }
+    out[name] = dir + "/" + shard;
+  }
+  return out;
+}
 std::string num(double value) { return json(value).dump(); }
 
 // The value at `key` as T, or `fallback` when absent or null; a wrong type fails naming the key.
@@ -434,14 +454,14 @@ Snapshot read_snapshot(const std::string& dir) {
   }
   const json config = read_json(config_path);
   s.weights = s.dir + "/model.safetensors";
-  if (!file_exists(s.weights)) {
-    if (file_exists(s.dir + "/model.safetensors.index.json")) {
-      fail(s.dir, "sharded weights (model.safetensors.index.json) are not supported; save with one model.safetensors");
-    }
+  if (!file_exists(s.weights) && file_exists(s.dir + "/model.safetensors.index.json")) {
+    s.weights = s.dir + "/model.safetensors.index.json";
+    s.shard_of = read_shard_index(s.weights, s.dir);
+  } else if (!file_exists(s.weights)) {
     for (const char* name : kPickleNames) {
       if (file_exists(s.dir + "/" + name)) refuse_pickle(s.dir + "/" + name);
     }
-    fail(s.dir, "no model.safetensors beside config.json");
+    fail(s.dir, "no model.safetensors (nor model.safetensors.index.json) beside config.json");
   }
   if (config.contains("architecture")) {
     s.kind = SnapshotKind::timm;

@@ -27,7 +27,8 @@ VIT_ENUM_NAMES(SnapshotKind, "timm", "hf");
 struct Snapshot {
   SnapshotKind kind = SnapshotKind::timm;
   std::string dir;
-  std::string weights;  // dir/model.safetensors
+  std::string weights;  // dir/model.safetensors, or dir/model.safetensors.index.json when the weights are sharded
+  std::map<std::string, std::string> shard_of;  // sharded weights: each tensor's file, from the index's weight_map
   ModelConfig model;
   Preprocess preprocess;
   std::vector<std::string> class_names;  // empty when the files name none
@@ -38,8 +39,8 @@ struct Snapshot {
 bool is_snapshot_dir(const std::string& path);
 
 // Reads a timm or HF snapshot folder's JSON files and finds its weights. Throws std::runtime_error naming the file
-// and the fault: no config.json, a pickle-only folder (never unpickled), sharded weights, an architecture or option
-// we lack (named), inconsistent sizes.
+// and the fault: no config.json, a pickle-only folder (never unpickled), a shard index that names no file in the
+// folder, an architecture or option we lack (named), inconsistent sizes.
 Snapshot read_snapshot(const std::string& dir);
 
 // Refuses a pickle checkpoint (.bin/.pth/.pt/.ckpt, or a file that starts like one) with a one-line message that
