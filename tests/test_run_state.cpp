@@ -19,15 +19,7 @@
 namespace vit {
 namespace {
 using nlohmann::json;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 RunState sample_state() {
   RunState s;
