@@ -33,8 +33,6 @@ void check_new_folder(const std::string& out) {
   if (!parent.empty()) make_dirs(parent.string());
 }
 
-// Writes the folder's files into a sibling temp folder and renames it to `out` at the end: an interrupted export
-// leaves no partial folder under the final name.
 // The weights of a snapshot folder: model.safetensors, or, above max_shard_bytes (when not 0), shards named as
 // transformers' save_pretrained names them (model-00001-of-00003.safetensors, ...) with model.safetensors.index.json
 // giving each tensor's shard. Tensors go in order, a new shard when the next would pass the limit (a tensor larger
@@ -69,6 +67,8 @@ void write_weights(const std::string& folder, const safetensors::NamedTensors& t
   write_file_atomic(folder + "/model.safetensors.index.json", index.dump(2) + "\n");
 }
 
+// Writes the folder's files into a sibling temp folder and renames it to `out` at the end: an interrupted export
+// leaves no partial folder under the final name.
 void write_folder(const std::string& out, const std::map<std::string, nlohmann::json>& files,
                   const safetensors::NamedTensors& tensors, uint64_t max_shard_bytes) {
   check_new_folder(out);
@@ -166,9 +166,11 @@ uint64_t parse_shard_size(const std::string& text) {
   for (const auto& [unit, scale] : units) {
     if (text.size() <= unit.size() || text.compare(text.size() - unit.size(), unit.size(), unit) != 0) continue;
     const std::string digits = text.substr(0, text.size() - unit.size());
-    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) break;
-    const uint64_t value = std::stoull(digits) * scale;
-    if (value == 0) break;
+    uint64_t value = 0;
+    if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos ||
+        __builtin_mul_overflow(std::stoull(digits), scale, &value) || value == 0) {
+      break;
+    }
     return value;
   }
   throw std::invalid_argument("--max-shard-size: \"" + text +
