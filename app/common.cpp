@@ -38,10 +38,6 @@ std::string resolve_checkpoint(const std::string& checkpoint, const std::string&
   return latest;
 }
 
-LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args) {
-  return load_model_args(checkpoint, args, "");
-}
-
 LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args, const std::string& img_size) {
   const auto config = load_config_args(args);
   const std::string path =

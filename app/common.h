@@ -30,10 +30,9 @@ inline constexpr const char* kCheckpointHelp =
     "latest run's best model)";
 // --checkpoint given: that file. Otherwise the newest run's best model (runs/latest/best.safetensors), logged.
 std::string resolve_checkpoint(const std::string& checkpoint, const std::string& runs_root = "runs");
-// Loads the model named by --checkpoint (or the latest run's), with --config for plain timm files.
-LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args);
-// The same, built at `img_size` ("N" or "HxW", --img-size of vit export) as its own size when not empty.
-LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args, const std::string& img_size);
+// Loads the model named by --checkpoint (or the latest run's), with --config for plain timm files; built at
+// `img_size` ("N" or "HxW", vit export's --img-size) as its own size when that is not empty.
+LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& args, const std::string& img_size = "");
 
 // --img-size: "N" (square) or "HxW"; with allow_list, a comma-separated list of them ("28,35,42"). Throws naming the
 // bad item. Each is (height, width).

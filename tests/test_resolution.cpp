@@ -155,8 +155,9 @@ TEST(AnyResolution, PlainTimmFileIntoAnotherImgSize) {
 // --config at that size does at load) for every format; predicting from it equals predicting at that size.
 TEST(AnyResolution, ExportWritesTheModelAtAnotherSize) {
   TempDir dir;
-  const std::string base = "export --checkpoint " + test::quoted(test::data_path("tiny32/weights.safetensors")) +
-                           " --config " + test::quoted(test::write_tiny32_config(dir)) + " ";
+  const std::string original = "--checkpoint " + test::quoted(test::data_path("tiny32/weights.safetensors")) +
+                               " --config " + test::quoted(test::write_tiny32_config(dir)) + " ";
+  const std::string base = "export " + original;
   const std::string image = test::quoted(test::data_path("tiny32/chelsea.png"));
   const std::string file = dir.file("m64.safetensors"), folder = dir.file("timm48x64");
   auto exported = test::run_vit(base + "--format vit --img-size 64 --out " + test::quoted(file));
@@ -167,9 +168,7 @@ TEST(AnyResolution, ExportWritesTheModelAtAnotherSize) {
   EXPECT_EQ(own.net->config().img_h, 64);
   EXPECT_EQ(own.net->pos_embed.size(1), 1 + 16);
   const auto at_load = predicted_logits("--checkpoint " + test::quoted(file) + " " + image);
-  const auto dynamic = predicted_logits("--checkpoint " + test::quoted(test::data_path("tiny32/weights.safetensors")) +
-                                        " --config " + test::quoted(test::write_tiny32_config(dir)) +
-                                        " --img-size 64 " + image);
+  const auto dynamic = predicted_logits(original + "--img-size 64 " + image);
   std::cout << "export --img-size 64 vs predict --img-size 64: max |d| logits " << max_abs_diff(at_load, dynamic) << "\n";
   EXPECT_LE(max_abs_diff(at_load, dynamic), 1e-6);
 
@@ -178,9 +177,7 @@ TEST(AnyResolution, ExportWritesTheModelAtAnotherSize) {
   const auto config = nlohmann::json::parse(read_file(folder + "/config.json"));
   EXPECT_EQ(config["model_args"]["img_size"], nlohmann::json::array({48, 64})) << config.dump();
   const auto rectangle = predicted_logits("--checkpoint " + test::quoted(folder) + " " + image);
-  const auto rectangle_dynamic = predicted_logits(
-      "--checkpoint " + test::quoted(test::data_path("tiny32/weights.safetensors")) + " --config " +
-      test::quoted(test::write_tiny32_config(dir)) + " --img-size 48x64 " + image);
+  const auto rectangle_dynamic = predicted_logits(original + "--img-size 48x64 " + image);
   std::cout << "export --img-size 48x64 (timm) vs predict --img-size 48x64: max |d| logits "
             << max_abs_diff(rectangle, rectangle_dynamic) << "\n";
   EXPECT_LE(max_abs_diff(rectangle, rectangle_dynamic), 1e-6);
