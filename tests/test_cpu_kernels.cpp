@@ -1,4 +1,5 @@
-// The CPU fast paths (model/cpu_kernels.h) against ATen's own ops: forward values and every gradient.
+// The CPU fast paths (model/cpu_kernels.h, model/fused_block.h) against ATen's own ops and the per-operator model:
+// forward values and every gradient.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,6 +7,7 @@
 #include <utility>
 
 #include "model/cpu_kernels.h"
+#include "model/fused_block.h"
 #include "model/vit.h"
 #include "test_util.h"
 
@@ -134,6 +136,131 @@ TEST(CpuKernels, PatchEmbedMatchesItsConvolution) {
       EXPECT_LT(test::max_abs_diff(actual_grads[i], expected_grads[i]), 1e-4) << "input " << i;
     }
   }
+}
+
+
+// ---- the fused block ----
+
+// Every parameter moved off timm's init (zero biases, unit norms, equal LayerScale): each one then shapes the output.
+void perturb(VisionTransformer& net, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  for (auto& p : net->parameters()) p.add_(torch::randn_like(p) * 0.2);
+}
+
+// max |a - b| over max |b|: a difference relative to the tensor's scale.
+double relative_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  const double scale = b.abs().max().item<double>();
+  return test::max_abs_diff(a, b) / (scale > 0.0 ? scale : 1.0);
+}
+
+struct FusedCase {
+  const char* name;
+  void (*set)(ModelConfig&);
+};
+
+// The fused block against the per-operator path on each option it covers, in training mode: logits within 1e-5
+// (relative to their scale), the gradient of every parameter and of the input within 1e-5 relative. Stochastic
+// depth draws the same samples under the same seed.
+TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
+  SKIP_WITHOUT_KERNELS();
+  const FusedCase cases[] = {
+      {"plain", [](ModelConfig&) {}},
+      {"LayerScale", [](ModelConfig& c) { c.init_values = 0.1; }},
+      {"no qkv bias", [](ModelConfig& c) { c.qkv_bias = false; }},
+      {"quick_gelu", [](ModelConfig& c) { c.act_layer = Activation::quick_gelu; }},
+      {"gelu_tanh", [](ModelConfig& c) { c.act_layer = Activation::gelu_tanh; }},
+      {"registers, no class token, avg pool",
+       [](ModelConfig& c) { c.reg_tokens = 2, c.class_token = false, c.global_pool = GlobalPool::avg; }},
+      {"MAP head", [](ModelConfig& c) { c.global_pool = GlobalPool::map; }},
+      {"drop path", [](ModelConfig& c) { c.drop_path_rate = 0.5, c.init_values = 0.1; }},
+  };
+  for (const auto& fused_case : cases) {
+    ModelConfig config = test::tiny_vit(/*img=*/24, /*patch=*/6, /*in_chans=*/3, /*num_classes=*/5,
+                                        /*embed_dim=*/32, /*depth=*/2, /*num_heads=*/4, /*mlp_ratio=*/3.0);
+    fused_case.set(config);
+    torch::manual_seed(0);
+    VisionTransformer net(config);
+    perturb(net, 1);
+    net->train();
+    ASSERT_EQ(net->blocks[0]->as<Block>()->fused_refusal(), "") << fused_case.name;
+    torch::manual_seed(2);
+    const auto images = torch::randn({3, 3, 24, 24}, torch::requires_grad());
+    std::vector<torch::Tensor> inputs{images};
+    for (const auto& p : net->parameters()) inputs.push_back(p);
+
+    auto run = [&](bool fused) {
+      net->set_fused_blocks(fused);
+      torch::manual_seed(3);  // the drop-path draws
+      auto logits = net->forward(images);
+      auto grads = grads_of(logits, inputs);
+      grads.insert(grads.begin(), logits);
+      return grads;
+    };
+    const auto expected = run(false);
+    const auto actual = run(true);
+    double worst_grad = 0.0;
+    for (size_t i = 1; i < expected.size(); ++i) worst_grad = std::max(worst_grad, relative_diff(actual[i], expected[i]));
+    const double logits_diff = relative_diff(actual[0], expected[0]);
+    std::printf("fused block, %s: logits %.3g, worst gradient %.3g (relative)\n", fused_case.name, logits_diff,
+                worst_grad);
+    EXPECT_LT(logits_diff, 1e-5) << fused_case.name;
+    for (size_t i = 1; i < expected.size(); ++i) {
+      EXPECT_LT(relative_diff(actual[i], expected[i]), 1e-5)
+          << fused_case.name << ": gradient of " << (i == 1 ? "the input" : "parameter " + std::to_string(i - 2));
+    }
+  }
+}
+
+// Inference takes the fused path too, also at batch 1 where each head's query rows are split over the threads.
+TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
+  SKIP_WITHOUT_KERNELS();
+  const ModelConfig config = test::tiny_vit(/*img=*/40, /*patch=*/4, /*in_chans=*/3, /*num_classes=*/7,
+                                            /*embed_dim=*/48, /*depth=*/2, /*num_heads=*/3, /*mlp_ratio=*/4.0);
+  torch::manual_seed(0);
+  VisionTransformer net(config);
+  perturb(net, 4);
+  net->eval();
+  torch::NoGradGuard no_grad;
+  for (const int64_t batch : {1, 8}) {
+    const auto images = torch::randn({batch, 3, 40, 40});
+    net->set_fused_blocks(false);
+    const auto expected = net->forward(images);
+    net->set_fused_blocks(true);
+    const auto actual = net->forward(images);
+    std::printf("fused block inference, batch %lld: logits %.3g (relative)\n", static_cast<long long>(batch),
+                relative_diff(actual, expected));
+    EXPECT_LT(relative_diff(actual, expected), 1e-5) << "batch " << batch;
+  }
+}
+
+// The fused path is what runs (its autograd node), and an option it does not cover says so and keeps the blocks on
+// the per-operator path.
+TEST(FusedBlock, RunsWhereItAppliesAndNamesWhatItDoesNotCover) {
+  SKIP_WITHOUT_KERNELS();
+  ModelConfig config = test::tiny_vit(/*img=*/16, /*patch=*/8, /*in_chans=*/3, /*num_classes=*/2,
+                                      /*embed_dim=*/16, /*depth=*/1, /*num_heads=*/2, /*mlp_ratio=*/2.0);
+  VisionTransformer net(config);
+  const auto tokens = torch::randn({2, 5, 16});
+  auto block = net->blocks[0]->as<Block>();
+  const auto out = block->forward(tokens, {2, 2}, {}, nullptr);
+  ASSERT_TRUE(out.grad_fn() != nullptr);
+  EXPECT_NE(out.grad_fn()->name().find("BlockFunction"), std::string::npos) << out.grad_fn()->name();
+  torch::Tensor probs;
+  const auto explicit_out = block->forward(tokens, {2, 2}, {}, &probs);  // probabilities asked for: explicit path
+  EXPECT_EQ(explicit_out.grad_fn()->name().find("BlockFunction"), std::string::npos);
+
+  config.qk_norm = true;
+  EXPECT_EQ(VisionTransformer(config)->blocks[0]->as<Block>()->fused_refusal(), "qk_norm");
+  config.qk_norm = false;
+  config.rel_pos_bias = true;
+  EXPECT_EQ(VisionTransformer(config)->blocks[0]->as<Block>()->fused_refusal(), "rel_pos_bias");
+  config.rel_pos_bias = false;
+  config.proj_drop_rate = 0.1;
+  VisionTransformer dropping(config);
+  EXPECT_EQ(dropping->blocks[0]->as<Block>()->fused_refusal(), "attn_drop_rate or proj_drop_rate in training");
+  dropping->eval();  // dropout is off in evaluation: covered again
+  EXPECT_EQ(dropping->blocks[0]->as<Block>()->fused_refusal(), "");
 }
 
 }  // namespace

@@ -54,12 +54,6 @@ SgemmFn find_sgemm() {
   return sgemm;
 }
 
-void sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const int status = find_sgemm()(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  TORCH_CHECK(status == 0, "oneDNN sgemm failed (status ", status, ") for ", M, "x", N, "x", K);
-}
-
 bool fast_linear_applies(const torch::Tensor& x, const torch::Tensor& weight) {
   return cpu_kernels_available() && x.is_cpu() && weight.is_cpu() && x.scalar_type() == torch::kFloat32 &&
          weight.scalar_type() == torch::kFloat32 && x.dim() >= 1 && x.numel() > 0 && weight.dim() == 2 &&
@@ -223,6 +217,12 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
 }  // namespace
 
 bool cpu_kernels_available() { return find_sgemm() != nullptr; }
+
+void sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const int status = find_sgemm()(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  TORCH_CHECK(status == 0, "oneDNN sgemm failed (status ", status, ") for ", M, "x", N, "x", K);
+}
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   if (!fast_linear_applies(x, weight) || (bias.defined() && bias.scalar_type() != torch::kFloat32)) {

@@ -17,6 +17,11 @@ namespace vit {
 // say VIT_CPU_KERNELS=aten (which forces the ATen path, for comparisons).
 bool cpu_kernels_available();
 
+// Row-major C (M, N) = alpha op(A) op(B) + beta C through the sgemm found above (cpu_kernels_available() must be
+// true); op 'N' or 'T'. Inside a parallel region it runs on the calling thread only.
+void sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
 // y = x W^T + b for x (..., in), W (out, in), b (out) or undefined; differentiable. The fast path for CPU float32,
 // torch::nn::functional::linear otherwise.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);

@@ -3,10 +3,14 @@
 
 #include <torch/version.h>
 
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
 #include "model/cpu_kernels.h"
+#include "model/fused_block.h"
+#include "util/log.h"
 
 namespace vit {
 namespace F = torch::nn::functional;
@@ -19,14 +23,30 @@ void trunc_normal_(torch::Tensor& t, double std) {
   t.normal_(0.0, std).clamp_(-2.0, 2.0);
 }
 
-// Stochastic depth: drop whole residual branches per sample, rescaling the survivors.
-torch::Tensor drop_path(const torch::Tensor& x, double p, bool training) {
-  if (p <= 0.0 || !training) return x;
+// Stochastic depth's per-sample factors (B): 0 drops a sample's residual branch, 1 / keep rescales a survivor;
+// undefined when off.
+torch::Tensor drop_path_keep(int64_t batch, double p, bool training, const torch::TensorOptions& options) {
+  if (p <= 0.0 || !training) return {};
   const double keep = 1.0 - p;
+  return torch::empty({batch}, options).bernoulli_(keep).div_(keep);  // (B)
+}
+
+torch::Tensor drop_path(const torch::Tensor& x, double p, bool training) {
+  const auto keep = drop_path_keep(x.size(0), p, training, x.options());
+  if (!keep.defined()) return x;
   std::vector<int64_t> shape(x.dim(), 1);
   shape[0] = x.size(0);
-  auto keep_mask = torch::empty(shape, x.options()).bernoulli_(keep).div_(keep);  // (B, 1, 1)
-  return x * keep_mask;
+  return x * keep.view(shape);  // (B, 1, 1)
+}
+
+// Says once per process why a model's blocks cannot take the fused CPU path.
+void note_fused_fallback(const std::string& reason) {
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (said.insert(reason).second) {
+    log::info("fused CPU block not used with " + reason + ": the blocks run operator by operator");
+  }
 }
 
 std::string size_string(int64_t h, int64_t w) { return std::to_string(h) + "x" + std::to_string(w); }
@@ -243,8 +263,38 @@ BlockImpl::BlockImpl(const ModelConfig& config, double drop_path_rate) : drop_pa
   if (config.init_values) ls2 = register_module("ls2", LayerScale(dim, *config.init_values));
 }
 
+std::string BlockImpl::fused_refusal() const {
+  if (attn->q_norm) return "qk_norm";
+  if (attn->relative_position_bias_table.defined()) return "rel_pos_bias";
+  if (is_training() && (attn->attn_drop > 0.0 || attn->proj_drop > 0.0)) {
+    return "attn_drop_rate or proj_drop_rate in training";
+  }
+  return {};
+}
+
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
                                  torch::Tensor* probs_out) {
+  // The fused CPU block where nothing asks for what it does not compute (probabilities, masks, head ablation, another
+  // attention kernel) and the model's options are covered.
+  if (fused && probs_out == nullptr && !mask.defined() && !attn->head_mask.defined() &&
+      attn->kernel == AttentionKernel::automatic) {
+    const BlockParameters parameters{norm1->weight,       norm1->bias,     attn->qkv->weight, attn->qkv->bias,
+                                     attn->proj->weight,  attn->proj->bias, ls1 ? ls1->gamma : torch::Tensor(),
+                                     norm2->weight,       norm2->bias,     mlp->fc1->weight,  mlp->fc1->bias,
+                                     mlp->fc2->weight,    mlp->fc2->bias,  ls2 ? ls2->gamma : torch::Tensor()};
+    if (fused_block_applies(x, parameters)) {
+      const auto refusal = fused_refusal();
+      if (refusal.empty()) {
+        const int64_t B = x.size(0);
+        // Drawn in the order the per-operator path draws them (after attention, after the MLP): same seed, same drops.
+        const auto keep1 = drop_path_keep(B, drop_path_rate, is_training(), x.options());
+        const auto keep2 = drop_path_keep(B, drop_path_rate, is_training(), x.options());
+        const BlockShape shape{attn->num_heads, attn->scale, norm1->options.eps(), mlp->act};
+        return fused_block(x, parameters, shape, keep1, keep2);
+      }
+      note_fused_fallback(refusal);
+    }
+  }
   auto a = attn->forward(norm1->forward(x), grid, mask, probs_out);
   if (ls1) a = ls1->forward(a);
   auto y = x + drop_path(a, drop_path_rate, is_training());
@@ -450,6 +500,10 @@ void VisionTransformerImpl::set_head_mask(int64_t layer, const std::vector<int64
 
 void VisionTransformerImpl::set_attention_kernel(AttentionKernel kernel) {
   for (const auto& module : *blocks) module->as<Block>()->attn->kernel = kernel;
+}
+
+void VisionTransformerImpl::set_fused_blocks(bool on) {
+  for (const auto& module : *blocks) module->as<Block>()->fused = on;
 }
 
 int64_t count_parameters(const torch::nn::Module& module) {

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
@@ -139,14 +140,19 @@ TORCH_MODULE(LayerScale);
 
 struct BlockImpl : torch::nn::Module {
   BlockImpl(const ModelConfig& config, double drop_path_rate);
+  // On the CPU in float32, through the fused block (model/fused_block.h) where it covers the options and nothing asks
+  // for the attention probabilities, a mask or a head mask; otherwise operator by operator.
   torch::Tensor forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
                         torch::Tensor* probs_out);
+  // The option that keeps this block off the fused path ("qk_norm", ...), or empty when it is covered.
+  std::string fused_refusal() const;
 
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   Attention attn{nullptr};
   Mlp mlp{nullptr};
   LayerScale ls1{nullptr}, ls2{nullptr};  // only when init_values is set
   double drop_path_rate;  // stochastic depth probability of this block
+  bool fused = true;      // may take the fused CPU block; false keeps the per-operator path (tests compare them)
 };
 TORCH_MODULE(Block);
 
@@ -169,6 +175,8 @@ struct VisionTransformerImpl : torch::nn::Module {
   void set_head_mask(int64_t layer, const std::vector<int64_t>& heads);
   // Chooses the attention kernel of every block (tests compare them; AttentionKernel::sdpa needs LibTorch >= 2).
   void set_attention_kernel(AttentionKernel kernel);
+  // Lets every block take the fused CPU path where it applies (the default), or keeps them all operator by operator.
+  void set_fused_blocks(bool on);
   // Re-initialises all parameters as timm's default init ("jax"-free): trunc-normal(0.02) for Linear and pos_embed,
   // normal(1e-6) for cls_token and reg_token, trunc-normal(D^-0.5) for attn_pool's latent, zero biases, LayerNorm
   // (1, 0). Deterministic given torch's generator state.

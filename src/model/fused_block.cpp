@@ -1,0 +1,599 @@
+// The fused CPU block (model/fused_block.h): row kernels, the forward's three parallel regions, the backward's three.
+#include "model/fused_block.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "model/cpu_kernels.h"
+
+namespace vit {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// ---- row kernels ----
+// Plain loops the compiler vectorizes, cloned for AVX-512 and for AVX2 + FMA beside the x86-64 baseline: the loader
+// binds each call to the clone this CPU runs (an ifunc), so one binary is fast on every x86-64.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define VIT_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define VIT_CLONES
+#endif
+
+// e^x for x <= 0 (a softmax's x - max), within 2 ulp: Cephes' expf, branch-free so that it vectorizes.
+inline __attribute__((always_inline)) float exp_nonpositive(float x) {
+  x = std::max(x, -87.3f);  // e^x below is denormal; the softmax sums it as the zero it nearly is
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r -= n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return e * two_n;
+}
+
+// out = (x - mean) rstd w + b over one row of D; mean and rstd are kept where asked (training).
+VIT_CLONES void layer_norm_row(const float* x, int64_t D, float eps, const float* w, const float* b, float* out,
+                               float* mean_out, float* rstd_out) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < D; ++j) sum += x[j];
+  const float mean = sum / static_cast<float>(D);
+  float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t j = 0; j < D; ++j) squares += (x[j] - mean) * (x[j] - mean);
+  const float rstd = 1.0f / std::sqrt(squares / static_cast<float>(D) + eps);
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) out[j] = (x[j] - mean) * rstd * w[j] + b[j];
+  if (mean_out != nullptr) *mean_out = mean, *rstd_out = rstd;
+}
+
+// out = base + branch gamma keep (gamma null without LayerScale): a residual add behind LayerScale and drop path.
+VIT_CLONES void add_branch_row(const float* base, const float* branch, const float* gamma, float keep, int64_t D,
+                               float* out) {
+  if (gamma != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < D; ++j) out[j] = base[j] + branch[j] * gamma[j] * keep;
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < D; ++j) out[j] = base[j] + branch[j] * keep;
+  }
+}
+
+// The backward of add_branch_row towards the branch: dbranch = dout gamma keep; dgamma += dout keep branch;
+// dbias += dbranch (the branch's last bias).
+VIT_CLONES void branch_backward_row(const float* dout, const float* branch, const float* gamma, float keep, int64_t D,
+                                    float* dbranch, float* dgamma, float* dbias) {
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) {
+    dbranch[j] = gamma != nullptr ? dout[j] * gamma[j] * keep : dout[j] * keep;
+    dbias[j] += dbranch[j];
+  }
+  if (dgamma != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < D; ++j) dgamma[j] += dout[j] * keep * branch[j];
+  }
+}
+
+// Layer norm's backward over one row: dx = base + rstd (g - mean(g) - xhat mean(g xhat)) with g = dout w and
+// xhat = (x - mean) rstd; dw += dout xhat, db += dout.
+VIT_CLONES void layer_norm_backward_row(const float* dout, const float* x, float mean, float rstd, const float* w,
+                                        int64_t D, const float* base, float* dx, float* dw, float* db) {
+  float sum_g = 0.0f, sum_g_xhat = 0.0f;
+#pragma omp simd reduction(+ : sum_g, sum_g_xhat)
+  for (int64_t j = 0; j < D; ++j) {
+    const float xhat = (x[j] - mean) * rstd;
+    const float g = dout[j] * w[j];
+    sum_g += g;
+    sum_g_xhat += g * xhat;
+    dw[j] += dout[j] * xhat;
+    db[j] += dout[j];
+  }
+  const float mean_g = sum_g / static_cast<float>(D), mean_g_xhat = sum_g_xhat / static_cast<float>(D);
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) {
+    const float xhat = (x[j] - mean) * rstd;
+    dx[j] = base[j] + rstd * (dout[j] * w[j] - mean_g - xhat * mean_g_xhat);
+  }
+}
+
+VIT_CLONES void add_row(const float* src, int64_t n, float* acc) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) acc[j] += src[j];
+}
+
+// Softmax over each of rows rows of cols, in place.
+VIT_CLONES void softmax_rows(float* s, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = s + i * cols;
+    float max = row[0];
+#pragma omp simd reduction(max : max)
+    for (int64_t j = 0; j < cols; ++j) max = std::max(max, row[j]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < cols; ++j) {
+      row[j] = exp_nonpositive(row[j] - max);
+      sum += row[j];
+    }
+    const float inverse = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) row[j] *= inverse;
+  }
+}
+
+// Softmax's backward in place: ds = p (dp - sum_j dp p) per row, over dp.
+VIT_CLONES void softmax_backward_rows(const float* p, float* dp, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* p_row = p + i * cols;
+    float* d_row = dp + i * cols;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < cols; ++j) dot += d_row[j] * p_row[j];
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) d_row[j] = p_row[j] * (d_row[j] - dot);
+  }
+}
+
+// ---- activations: LibTorch's own vectorized kernels on a tile (one call per tile of rows, single-threaded inside
+// a region) ----
+
+torch::Tensor flat(const float* data, int64_t count) {
+  return torch::from_blob(const_cast<float*>(data), {count}, torch::TensorOptions().dtype(torch::kFloat32));
+}
+
+// g = act(h); g may be h (in place).
+void activation_forward(const float* h, float* g, int64_t count, Activation act) {
+  auto input = flat(h, count), output = flat(g, count);
+  switch (act) {
+    case Activation::gelu:
+      at::gelu_out(output, input, "none");
+      return;
+    case Activation::gelu_tanh:
+      at::gelu_out(output, input, "tanh");
+      return;
+    case Activation::quick_gelu:
+      at::mul_out(output, input, torch::sigmoid(input * 1.702));  // x sigmoid(1.702 x), as timm's QuickGELU
+      return;
+  }
+}
+
+// dh = dg act'(h), in place over dg.
+void activation_backward(const float* h, float* dg, int64_t count, Activation act) {
+  auto input = flat(h, count), grad = flat(dg, count);
+  switch (act) {
+    case Activation::gelu:
+      at::gelu_backward_out(grad, grad, input, "none");
+      return;
+    case Activation::gelu_tanh:
+      at::gelu_backward_out(grad, grad, input, "tanh");
+      return;
+    case Activation::quick_gelu: {
+      const auto s = torch::sigmoid(input * 1.702);
+      grad.mul_(s + input * 1.702 * s * (1.0 - s));
+      return;
+    }
+  }
+}
+
+// ---- the passes ----
+
+const float* data_or_null(const torch::Tensor& t) {
+  return t.defined() && t.numel() > 0 ? t.data_ptr<float>() : nullptr;
+}
+float* data_or_null(torch::Tensor& t) { return t.defined() && t.numel() > 0 ? t.data_ptr<float>() : nullptr; }
+
+// A thread's scratch buffer `slot`, grown to the largest size asked and kept: OpenMP's threads live as long as the
+// process, so a shape's workspace is allocated once.
+float* scratch(int slot, int64_t floats) {
+  thread_local std::vector<float> buffers[3];
+  auto& buffer = buffers[slot];
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+// Copies bias (cols) into every row of out (rows, cols) and returns the sgemm's beta: 1 with a bias, 0 without.
+float bias_rows(const float* bias, int64_t rows, int64_t cols, float* out) {
+  if (bias == nullptr) return 0.0f;
+  for (int64_t i = 0; i < rows; ++i) std::memcpy(out + i * cols, bias, cols * sizeof(float));
+  return 1.0f;
+}
+
+// body(begin, end) over row ranges, one contiguous range per thread.
+template <typename Body>
+void for_rows(int64_t rows, const Body& body) {
+  at::parallel_for(0, rows, /*grain_size=*/8, body);
+}
+
+struct Dims {
+  int64_t B, N, D, R, heads, hd, hidden;
+};
+
+Dims dims_of(const torch::Tensor& x, const BlockParameters& p, int64_t heads) {
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2), hidden = p.fc1_weight.size(0);
+  TORCH_CHECK(D % heads == 0 && p.qkv_weight.size(0) == 3 * D && p.qkv_weight.size(1) == D &&
+                  p.proj_weight.size(0) == D && p.fc1_weight.size(1) == D && p.fc2_weight.size(0) == D &&
+                  p.fc2_weight.size(1) == hidden,
+              "fused block: input ", x.sizes(), " does not fit qkv ", p.qkv_weight.sizes(), ", fc1 ",
+              p.fc1_weight.sizes(), ", fc2 ", p.fc2_weight.sizes(), " with ", heads, " heads");
+  return {B, N, D, B * N, heads, D / heads, hidden};
+}
+
+float keep_at(const float* keep, int64_t row, int64_t N) { return keep != nullptr ? keep[row / N] : 1.0f; }
+
+// What the backward reads, kept by a training forward. m (the MLP's output) only with LayerScale.
+struct Saved {
+  torch::Tensor xn1, mean1, rstd1, qkv, probs, att, a, y, mean2, rstd2, xn2, h, g, m;
+};
+
+constexpr int64_t kInferenceTileRows = 64;  // the MLP of 64 rows stays in cache between fc1 and fc2
+
+torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, const BlockShape& shape,
+                           const torch::Tensor& keep1_tensor, const torch::Tensor& keep2_tensor, Saved* saved) {
+  const auto d = dims_of(x, p, shape.heads);
+  const auto options = x.options();
+  const float eps = static_cast<float>(shape.eps), scale = static_cast<float>(shape.scale);
+  const float* keep1 = data_or_null(keep1_tensor);
+  const float* keep2 = data_or_null(keep2_tensor);
+  const float* gamma1 = data_or_null(p.gamma1);
+  const float* gamma2 = data_or_null(p.gamma2);
+  const float* xp = x.data_ptr<float>();
+
+  // Region 1, rows: norm1, then qkv.
+  auto xn1 = torch::empty({d.R, d.D}, options);          // (R, D)
+  auto qkv = torch::empty({d.R, 3 * d.D}, options);      // (R, 3D): q, k, v, each (nh, hd)
+  torch::Tensor mean1, rstd1;
+  if (saved != nullptr) mean1 = torch::empty({d.R}, options), rstd1 = torch::empty({d.R}, options);
+  {
+    float *xn = xn1.data_ptr<float>(), *out = qkv.data_ptr<float>();
+    float *mean = data_or_null(mean1), *rstd = data_or_null(rstd1);
+    for_rows(d.R, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        layer_norm_row(xp + r * d.D, d.D, eps, p.norm1_weight.data_ptr<float>(), p.norm1_bias.data_ptr<float>(),
+                       xn + r * d.D, mean ? mean + r : nullptr, rstd ? rstd + r : nullptr);
+      }
+      const float beta = bias_rows(data_or_null(p.qkv_bias), r1 - r0, 3 * d.D, out + r0 * 3 * d.D);
+      sgemm('N', 'T', r1 - r0, 3 * d.D, d.D, 1.0f, xn + r0 * d.D, d.D, p.qkv_weight.data_ptr<float>(), d.D, beta,
+            out + r0 * 3 * d.D, 3 * d.D);
+    });
+  }
+
+  // Region 2, (image, head) pairs, each split into query-row blocks when there are fewer pairs than twice the
+  // threads (batch 1): scale q k^T, softmax in place, @ v into the head's columns.
+  auto att = torch::empty({d.R, d.D}, options);  // (R, D), heads concatenated
+  torch::Tensor probs;                            // (B, nh, N, N), training only
+  if (saved != nullptr) probs = torch::empty({d.B, d.heads, d.N, d.N}, options);
+  {
+    const int64_t pairs = d.B * d.heads;
+    const int64_t blocks = saved != nullptr ? 1 : std::clamp<int64_t>((2 * at::get_num_threads() + pairs - 1) / pairs, 1, d.N);
+    const int64_t block_rows = (d.N + blocks - 1) / blocks;
+    const float* q_all = qkv.data_ptr<float>();
+    float* out = att.data_ptr<float>();
+    float* probs_p = data_or_null(probs);
+    const int64_t row = 3 * d.D;
+    at::parallel_for(0, pairs * blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t pair = i / blocks, first = (i % blocks) * block_rows;
+        if (first >= d.N) continue;
+        const int64_t count = std::min(block_rows, d.N - first);
+        const int64_t b = pair / d.heads, h = pair % d.heads;
+        const float* q = q_all + b * d.N * row + h * d.hd;  // (N, hd), row stride 3D; k at +D, v at +2D
+        float* s = probs_p != nullptr ? probs_p + (pair * d.N + first) * d.N : scratch(0, count * d.N);  // (count, N)
+        sgemm('N', 'T', count, d.N, d.hd, scale, q + first * row, row, q + d.D, row, 0.0f, s, d.N);
+        softmax_rows(s, count, d.N);
+        sgemm('N', 'N', count, d.hd, d.N, 1.0f, s, d.N, q + 2 * d.D, row, 0.0f,
+              out + (b * d.N + first) * d.D + h * d.hd, d.D);
+      }
+    });
+  }
+
+  // Region 3, rows in tiles: proj, the residual add fused with norm2, fc1 with its activation, fc2, the residual.
+  auto out = torch::empty({d.R, d.D}, options);  // (R, D)
+  Saved kept;
+  if (saved != nullptr) {
+    kept.a = torch::empty({d.R, d.D}, options);
+    kept.y = torch::empty({d.R, d.D}, options);
+    kept.xn2 = torch::empty({d.R, d.D}, options);
+    kept.mean2 = torch::empty({d.R}, options);
+    kept.rstd2 = torch::empty({d.R}, options);
+    kept.h = torch::empty({d.R, d.hidden}, options);
+    kept.g = torch::empty({d.R, d.hidden}, options);
+    if (gamma2 != nullptr) kept.m = torch::empty({d.R, d.D}, options);
+  }
+  {
+    const float* att_p = att.data_ptr<float>();
+    float* out_p = out.data_ptr<float>();
+    const bool training = saved != nullptr;
+    for_rows(d.R, [&](int64_t r0, int64_t r1) {
+      const int64_t tile = training ? r1 - r0 : kInferenceTileRows;
+      for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+        const int64_t rows = std::min(tile, r1 - t0);
+        float* a = training ? kept.a.data_ptr<float>() + t0 * d.D : scratch(0, tile * d.D);
+        float beta = bias_rows(data_or_null(p.proj_bias), rows, d.D, a);
+        sgemm('N', 'T', rows, d.D, d.D, 1.0f, att_p + t0 * d.D, d.D, p.proj_weight.data_ptr<float>(), d.D, beta, a,
+              d.D);
+        float* y = training ? kept.y.data_ptr<float>() + t0 * d.D : out_p + t0 * d.D;
+        float* xn2 = training ? kept.xn2.data_ptr<float>() + t0 * d.D : scratch(1, tile * d.D);
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t r = t0 + i;
+          add_branch_row(xp + r * d.D, a + i * d.D, gamma1, keep_at(keep1, r, d.N), d.D, y + i * d.D);
+          layer_norm_row(y + i * d.D, d.D, eps, p.norm2_weight.data_ptr<float>(), p.norm2_bias.data_ptr<float>(),
+                         xn2 + i * d.D, training ? kept.mean2.data_ptr<float>() + r : nullptr,
+                         training ? kept.rstd2.data_ptr<float>() + r : nullptr);
+        }
+        float* h = training ? kept.h.data_ptr<float>() + t0 * d.hidden : scratch(2, tile * d.hidden);
+        beta = bias_rows(data_or_null(p.fc1_bias), rows, d.hidden, h);
+        sgemm('N', 'T', rows, d.hidden, d.D, 1.0f, xn2, d.D, p.fc1_weight.data_ptr<float>(), d.D, beta, h, d.hidden);
+        float* g = training ? kept.g.data_ptr<float>() + t0 * d.hidden : h;
+        activation_forward(h, g, rows * d.hidden, shape.act);
+        // The MLP's output: kept with LayerScale (its gradient needs it), else over the spent proj output.
+        float* m = training && gamma2 != nullptr ? kept.m.data_ptr<float>() + t0 * d.D
+                   : training                    ? scratch(0, rows * d.D)
+                                                 : a;
+        beta = bias_rows(data_or_null(p.fc2_bias), rows, d.D, m);
+        sgemm('N', 'T', rows, d.D, d.hidden, 1.0f, g, d.hidden, p.fc2_weight.data_ptr<float>(), d.hidden, beta, m,
+              d.D);
+        for (int64_t i = 0; i < rows; ++i) {
+          add_branch_row(y + i * d.D, m + i * d.D, gamma2, keep_at(keep2, t0 + i, d.N), d.D, out_p + (t0 + i) * d.D);
+        }
+      }
+    });
+  }
+  if (saved != nullptr) {
+    kept.xn1 = xn1, kept.mean1 = mean1, kept.rstd1 = rstd1, kept.qkv = qkv, kept.probs = probs, kept.att = att;
+    *saved = kept;
+  }
+  return out;
+}
+
+// Per-thread partial sums of a (width) gradient, reduced once the region is over.
+struct Partials {
+  Partials(int64_t width, const torch::TensorOptions& options)
+      : sums(torch::zeros({at::get_num_threads(), width}, options)) {}
+  float* mine() { return sums.data_ptr<float>() + at::get_thread_num() * sums.size(1); }
+  torch::Tensor total() const { return sums.sum(0); }
+  torch::Tensor sums;  // (threads, width)
+};
+
+// Gradients, in BlockFunction's input order after x: norm1 w, b, qkv w, b, proj w, b, gamma1, norm2 w, b, fc1 w, b,
+// fc2 w, b, gamma2.
+struct Gradients {
+  torch::Tensor x, norm1_weight, norm1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, gamma1, norm2_weight,
+      norm2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, gamma2;
+};
+
+Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const BlockShape& shape,
+                        const torch::Tensor& keep1_tensor, const torch::Tensor& keep2_tensor, const Saved& s,
+                        const torch::Tensor& grad_out) {
+  const auto d = dims_of(x, p, shape.heads);
+  const auto options = x.options();
+  const float scale = static_cast<float>(shape.scale);
+  const float* keep1 = data_or_null(keep1_tensor);
+  const float* keep2 = data_or_null(keep2_tensor);
+  const float* gamma1 = data_or_null(p.gamma1);
+  const float* gamma2 = data_or_null(p.gamma2);
+  const float* dout = grad_out.data_ptr<float>();
+
+  Partials dgamma1(d.D, options), dgamma2(d.D, options), dproj_bias(d.D, options), dfc1_bias(d.hidden, options),
+      dfc2_bias(d.D, options), dnorm2_w(d.D, options), dnorm2_b(d.D, options), dnorm1_w(d.D, options),
+      dnorm1_b(d.D, options), dqkv_bias(3 * d.D, options);
+
+  // Region 1, rows: the MLP branch and norm2 back to the residual stream y, then LayerScale and proj back to the
+  // attention's output.
+  auto dm = torch::empty({d.R, d.D}, options);         // d(fc2 output)
+  auto dh = torch::empty({d.R, d.hidden}, options);    // d(fc1 output), before the activation
+  auto dy = torch::empty({d.R, d.D}, options);         // d(y), the residual stream between the branches
+  auto da = torch::empty({d.R, d.D}, options);         // d(proj output)
+  auto datt = torch::empty({d.R, d.D}, options);       // d(attention output), heads concatenated
+  for_rows(d.R, [&](int64_t r0, int64_t r1) {
+    const int64_t rows = r1 - r0;
+    float *dm_p = dm.data_ptr<float>() + r0 * d.D, *dh_p = dh.data_ptr<float>() + r0 * d.hidden;
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t r = r0 + i;
+      branch_backward_row(dout + r * d.D, gamma2 ? s.m.data_ptr<float>() + r * d.D : nullptr, gamma2,
+                          keep_at(keep2, r, d.N), d.D, dm_p + i * d.D, gamma2 ? dgamma2.mine() : nullptr,
+                          dfc2_bias.mine());
+    }
+    sgemm('N', 'N', rows, d.hidden, d.D, 1.0f, dm_p, d.D, p.fc2_weight.data_ptr<float>(), d.hidden, 0.0f, dh_p,
+          d.hidden);
+    activation_backward(s.h.data_ptr<float>() + r0 * d.hidden, dh_p, rows * d.hidden, shape.act);
+    float* dfc1_b = dfc1_bias.mine();
+    for (int64_t i = 0; i < rows; ++i) add_row(dh_p + i * d.hidden, d.hidden, dfc1_b);
+    float* dxn2 = scratch(0, rows * d.D);
+    sgemm('N', 'N', rows, d.D, d.hidden, 1.0f, dh_p, d.hidden, p.fc1_weight.data_ptr<float>(), d.D, 0.0f, dxn2, d.D);
+    float *dy_p = dy.data_ptr<float>() + r0 * d.D, *da_p = da.data_ptr<float>() + r0 * d.D;
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t r = r0 + i;
+      layer_norm_backward_row(dxn2 + i * d.D, s.y.data_ptr<float>() + r * d.D, s.mean2.data_ptr<float>()[r],
+                              s.rstd2.data_ptr<float>()[r], p.norm2_weight.data_ptr<float>(), d.D, dout + r * d.D,
+                              dy_p + i * d.D, dnorm2_w.mine(), dnorm2_b.mine());
+      branch_backward_row(dy_p + i * d.D, s.a.data_ptr<float>() + r * d.D, gamma1, keep_at(keep1, r, d.N), d.D,
+                          da_p + i * d.D, gamma1 ? dgamma1.mine() : nullptr, dproj_bias.mine());
+    }
+    sgemm('N', 'N', rows, d.D, d.D, 1.0f, da_p, d.D, p.proj_weight.data_ptr<float>(), d.D, 0.0f,
+          datt.data_ptr<float>() + r0 * d.D, d.D);
+  });
+
+  Gradients grads;
+  // Weight gradients, whole-batch products on every thread: (out, in) = d(out rows)^T (in rows).
+  auto weight_grad = [&](const torch::Tensor& dout_rows, const torch::Tensor& in_rows, const torch::Tensor& weight) {
+    if (!weight.requires_grad()) return torch::Tensor();
+    const int64_t out_features = weight.size(0), in_features = weight.size(1);
+    auto grad = torch::empty({out_features, in_features}, options);
+    sgemm('T', 'N', out_features, in_features, d.R, 1.0f, dout_rows.data_ptr<float>(), out_features,
+          in_rows.data_ptr<float>(), in_features, 0.0f, grad.data_ptr<float>(), in_features);
+    return grad;
+  };
+  grads.fc2_weight = weight_grad(dm, s.g, p.fc2_weight);
+  grads.fc1_weight = weight_grad(dh, s.xn2, p.fc1_weight);
+  grads.proj_weight = weight_grad(da, s.att, p.proj_weight);
+  dm.reset(), dh.reset(), da.reset();
+
+  // Region 2, (image, head) pairs: the attention core's backward into d(qkv).
+  auto dqkv = torch::empty({d.R, 3 * d.D}, options);  // (R, 3D)
+  {
+    const int64_t row = 3 * d.D;
+    const float* q_all = s.qkv.data_ptr<float>();
+    const float* probs = s.probs.data_ptr<float>();
+    const float* datt_p = datt.data_ptr<float>();
+    float* dq_all = dqkv.data_ptr<float>();
+    at::parallel_for(0, d.B * d.heads, 1, [&](int64_t begin, int64_t end) {
+      float* ds = scratch(0, d.N * d.N);
+      for (int64_t pair = begin; pair < end; ++pair) {
+        const int64_t b = pair / d.heads, h = pair % d.heads;
+        const float* q = q_all + b * d.N * row + h * d.hd;  // k at +D, v at +2D
+        float* dq = dq_all + b * d.N * row + h * d.hd;
+        const float* prob = probs + pair * d.N * d.N;
+        const float* dhead = datt_p + b * d.N * d.D + h * d.hd;  // (N, hd), row stride D
+        // dv = P^T dout; dP = dout v^T; dS = softmax'; dq = scale dS k; dk = scale dS^T q
+        sgemm('T', 'N', d.N, d.hd, d.N, 1.0f, prob, d.N, dhead, d.D, 0.0f, dq + 2 * d.D, row);
+        sgemm('N', 'T', d.N, d.N, d.hd, 1.0f, dhead, d.D, q + 2 * d.D, row, 0.0f, ds, d.N);
+        softmax_backward_rows(prob, ds, d.N, d.N);
+        sgemm('N', 'N', d.N, d.hd, d.N, scale, ds, d.N, q + d.D, row, 0.0f, dq, row);
+        sgemm('T', 'N', d.N, d.hd, d.N, scale, ds, d.N, q, row, 0.0f, dq + d.D, row);
+      }
+    });
+  }
+  datt.reset();
+  grads.qkv_weight = weight_grad(dqkv, s.xn1, p.qkv_weight);
+
+  // Region 3, rows: qkv and norm1 back to x, plus the residual path.
+  auto dx = torch::empty({d.R, d.D}, options);
+  for_rows(d.R, [&](int64_t r0, int64_t r1) {
+    const int64_t rows = r1 - r0;
+    const float* dqkv_p = dqkv.data_ptr<float>() + r0 * 3 * d.D;
+    float* dqkv_b = dqkv_bias.mine();
+    for (int64_t i = 0; i < rows; ++i) add_row(dqkv_p + i * 3 * d.D, 3 * d.D, dqkv_b);
+    float* dxn1 = scratch(0, rows * d.D);
+    sgemm('N', 'N', rows, d.D, 3 * d.D, 1.0f, dqkv_p, 3 * d.D, p.qkv_weight.data_ptr<float>(), d.D, 0.0f, dxn1, d.D);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t r = r0 + i;
+      layer_norm_backward_row(dxn1 + i * d.D, x.data_ptr<float>() + r * d.D, s.mean1.data_ptr<float>()[r],
+                              s.rstd1.data_ptr<float>()[r], p.norm1_weight.data_ptr<float>(), d.D,
+                              dy.data_ptr<float>() + r * d.D, dx.data_ptr<float>() + r * d.D, dnorm1_w.mine(),
+                              dnorm1_b.mine());
+    }
+  });
+
+  grads.x = dx.view(x.sizes());
+  grads.norm1_weight = dnorm1_w.total(), grads.norm1_bias = dnorm1_b.total();
+  if (p.qkv_bias.numel() > 0) grads.qkv_bias = dqkv_bias.total();
+  grads.proj_bias = dproj_bias.total();
+  if (gamma1 != nullptr) grads.gamma1 = dgamma1.total();
+  grads.norm2_weight = dnorm2_w.total(), grads.norm2_bias = dnorm2_b.total();
+  grads.fc1_bias = dfc1_bias.total(), grads.fc2_bias = dfc2_bias.total();
+  if (gamma2 != nullptr) grads.gamma2 = dgamma2.total();
+  return grads;
+}
+
+// Differentiable wrapper. Absent tensors (qkv bias, gammas, keep factors) come as empty (0) tensors: LibTorch 1.13's
+// custom functions reject undefined inputs.
+struct BlockFunction : torch::autograd::Function<BlockFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& norm1_weight,
+                               const torch::Tensor& norm1_bias, const torch::Tensor& qkv_weight,
+                               const torch::Tensor& qkv_bias, const torch::Tensor& proj_weight,
+                               const torch::Tensor& proj_bias, const torch::Tensor& gamma1,
+                               const torch::Tensor& norm2_weight, const torch::Tensor& norm2_bias,
+                               const torch::Tensor& fc1_weight, const torch::Tensor& fc1_bias,
+                               const torch::Tensor& fc2_weight, const torch::Tensor& fc2_bias,
+                               const torch::Tensor& gamma2, const torch::Tensor& keep1, const torch::Tensor& keep2,
+                               int64_t heads, double scale, double eps, int64_t act) {
+    const BlockParameters p{norm1_weight, norm1_bias, qkv_weight, qkv_bias,  proj_weight, proj_bias,
+                            gamma1,       norm2_weight, norm2_bias, fc1_weight, fc1_bias, fc2_weight,
+                            fc2_bias,     gamma2};
+    const BlockShape shape{heads, scale, eps, static_cast<Activation>(act)};
+    Saved s;
+    auto out = forward_pass(x, p, shape, keep1, keep2, &s);
+    auto or_empty = [&](const torch::Tensor& t) { return t.defined() ? t : torch::empty({0}, x.options()); };
+    ctx->save_for_backward({x, norm1_weight, norm1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, gamma1,
+                            norm2_weight, norm2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, gamma2, keep1, keep2,
+                            s.xn1, s.mean1, s.rstd1, s.qkv, s.probs, s.att, s.a, s.y, s.mean2, s.rstd2, s.xn2, s.h,
+                            s.g, or_empty(s.m)});
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["act"] = act;
+    return out.view(x.sizes());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto v = ctx->get_saved_variables();
+    const auto& x = v[0];
+    BlockParameters p{v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14]};
+    // Saved variables lose requires_grad; weight_grad asks it, so hand over what autograd needs instead.
+    auto needs = [&](int index, torch::Tensor& t) { t = t.detach().requires_grad_(ctx->needs_input_grad(index)); };
+    needs(3, p.qkv_weight), needs(5, p.proj_weight), needs(10, p.fc1_weight), needs(12, p.fc2_weight);
+    const BlockShape shape{ctx->saved_data["heads"].toInt(), ctx->saved_data["scale"].toDouble(),
+                           ctx->saved_data["eps"].toDouble(),
+                           static_cast<Activation>(ctx->saved_data["act"].toInt())};
+    Saved s{v[17], v[18], v[19], v[20], v[21], v[22], v[23], v[24], v[25], v[26], v[27], v[28], v[29], v[30]};
+    const auto g = backward_pass(x, p, shape, v[15], v[16], s, grad_outputs[0].contiguous());
+    auto only = [&](int index, const torch::Tensor& t) { return ctx->needs_input_grad(index) ? t : torch::Tensor(); };
+    return {only(0, g.x),          only(1, g.norm1_weight), only(2, g.norm1_bias), g.qkv_weight,
+            only(4, g.qkv_bias),   g.proj_weight,           only(6, g.proj_bias),  only(7, g.gamma1),
+            only(8, g.norm2_weight), only(9, g.norm2_bias), g.fc1_weight,          only(11, g.fc1_bias),
+            g.fc2_weight,          only(13, g.fc2_bias),    only(14, g.gamma2),    torch::Tensor(),
+            torch::Tensor(),       torch::Tensor(),         torch::Tensor(),       torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+bool cpu_float(const torch::Tensor& t) { return t.is_cpu() && t.scalar_type() == torch::kFloat32; }
+
+}  // namespace
+
+bool fused_block_applies(const torch::Tensor& x, const BlockParameters& p) {
+  if (!cpu_kernels_available() || !cpu_float(x) || x.dim() != 3 || x.numel() == 0) return false;
+  for (const auto* t : {&p.norm1_weight, &p.norm1_bias, &p.qkv_weight, &p.proj_weight, &p.proj_bias, &p.norm2_weight,
+                        &p.norm2_bias, &p.fc1_weight, &p.fc1_bias, &p.fc2_weight, &p.fc2_bias}) {
+    if (!t->defined() || !cpu_float(*t)) return false;
+  }
+  for (const auto* t : {&p.qkv_bias, &p.gamma1, &p.gamma2}) {
+    if (t->defined() && !cpu_float(*t)) return false;
+  }
+  return true;
+}
+
+torch::Tensor fused_block(const torch::Tensor& x, const BlockParameters& parameters, const BlockShape& shape,
+                          const torch::Tensor& keep1, const torch::Tensor& keep2) {
+  TORCH_CHECK(fused_block_applies(x, parameters), "fused block: needs CPU float32 (B, N, D) input and parameters, got ",
+              x.sizes(), " ", x.scalar_type(), " on ", x.device());
+  auto contiguous = [](const torch::Tensor& t) { return t.defined() ? t.contiguous() : t; };
+  const BlockParameters p{contiguous(parameters.norm1_weight), contiguous(parameters.norm1_bias),
+                          contiguous(parameters.qkv_weight),   contiguous(parameters.qkv_bias),
+                          contiguous(parameters.proj_weight),  contiguous(parameters.proj_bias),
+                          contiguous(parameters.gamma1),       contiguous(parameters.norm2_weight),
+                          contiguous(parameters.norm2_bias),   contiguous(parameters.fc1_weight),
+                          contiguous(parameters.fc1_bias),     contiguous(parameters.fc2_weight),
+                          contiguous(parameters.fc2_bias),     contiguous(parameters.gamma2)};
+  const auto input = x.contiguous();
+  const auto keep_1 = contiguous(keep1), keep_2 = contiguous(keep2);
+  bool grad = false;
+  if (torch::GradMode::is_enabled()) {
+    for (const auto* t : {&input, &p.norm1_weight, &p.norm1_bias, &p.qkv_weight, &p.qkv_bias, &p.proj_weight,
+                          &p.proj_bias, &p.gamma1, &p.norm2_weight, &p.norm2_bias, &p.fc1_weight, &p.fc1_bias,
+                          &p.fc2_weight, &p.fc2_bias, &p.gamma2}) {
+      grad = grad || (t->defined() && t->requires_grad());
+    }
+  }
+  if (!grad) return forward_pass(input, p, shape, keep_1, keep_2, nullptr).view(x.sizes());
+  auto or_empty = [&](const torch::Tensor& t) { return t.defined() ? t : torch::empty({0}, x.options()); };
+  return BlockFunction::apply(input, p.norm1_weight, p.norm1_bias, p.qkv_weight, or_empty(p.qkv_bias), p.proj_weight,
+                              p.proj_bias, or_empty(p.gamma1), p.norm2_weight, p.norm2_bias, p.fc1_weight,
+                              p.fc1_bias, p.fc2_weight, p.fc2_bias, or_empty(p.gamma2), or_empty(keep_1),
+                              or_empty(keep_2), shape.heads, shape.scale, shape.eps,
+                              static_cast<int64_t>(shape.act));
+}
+
+}  // namespace vit

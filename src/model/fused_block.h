@@ -1,0 +1,49 @@
+// The transformer block on the CPU as one unit, forward and backward: three parallel regions each way instead of one
+// or more per operator. Rows are split over the threads for the layer norms and the products (each thread runs its
+// own single-threaded sgemm on its rows), (image, head) pairs for attention, whose softmax stays in cache; layer
+// norm is fused with the residual add, bias and activation run on a product's output while it is still in cache, and
+// the backward is written out (weight gradients as whole-batch products between the regions).
+//
+// It covers timm's pre-norm block with LayerScale or not, qkv with or without bias, the three activations and
+// stochastic depth; BlockImpl falls back to the per-operator path for everything else (model/vit.cpp says which).
+//
+// Shape key: B batch, N tokens, D embed dim, nh heads, hd head dim (D / nh), Hd MLP hidden width, R = B*N rows.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "config/model_config.h"
+
+namespace vit {
+
+// A block's parameters under timm's names. gamma1/gamma2 (ls1, ls2) undefined without LayerScale, qkv_bias
+// undefined without qkv_bias.
+struct BlockParameters {
+  torch::Tensor norm1_weight, norm1_bias;  // (D)
+  torch::Tensor qkv_weight, qkv_bias;      // (3D, D), (3D)
+  torch::Tensor proj_weight, proj_bias;    // (D, D), (D)
+  torch::Tensor gamma1;                    // (D)
+  torch::Tensor norm2_weight, norm2_bias;  // (D)
+  torch::Tensor fc1_weight, fc1_bias;      // (Hd, D), (Hd)
+  torch::Tensor fc2_weight, fc2_bias;      // (D, Hd), (D)
+  torch::Tensor gamma2;                    // (D)
+};
+
+struct BlockShape {
+  int64_t heads = 1;
+  double scale = 1.0;  // attention's q scale, 1/sqrt(hd)
+  double eps = 1e-6;   // both layer norms'
+  Activation act = Activation::gelu;
+};
+
+// True when fused_block can run x (CPU float32 (B, N, D), non-empty) with these parameters (all CPU float32) and
+// the CPU kernels are available (model/cpu_kernels.h; VIT_CPU_KERNELS=aten turns them off).
+bool fused_block_applies(const torch::Tensor& x, const BlockParameters& parameters);
+
+// y = x + keep1 * gamma1 * attn(norm1(x)); out = y + keep2 * gamma2 * mlp(norm2(y)), as timm's Block. keep1, keep2:
+// stochastic depth's per-image factors (B) (0 or 1 / keep probability), undefined for none. Differentiable in x and
+// every parameter; the backward is explicit.
+torch::Tensor fused_block(const torch::Tensor& x, const BlockParameters& parameters, const BlockShape& shape,
+                          const torch::Tensor& keep1 = {}, const torch::Tensor& keep2 = {});
+
+}  // namespace vit
