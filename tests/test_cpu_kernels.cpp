@@ -4,10 +4,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 #include <utility>
 
 #include "model/cpu_kernels.h"
 #include "model/fused_block.h"
+#include "model/row_kernels.h"
 #include "model/vit.h"
 #include "test_util.h"
 
@@ -174,10 +176,13 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
        [](ModelConfig& c) { c.reg_tokens = 2, c.class_token = false, c.global_pool = GlobalPool::avg; }},
       {"MAP head", [](ModelConfig& c) { c.global_pool = GlobalPool::map; }},
       {"drop path", [](ModelConfig& c) { c.drop_path_rate = 0.5, c.init_values = 0.1; }},
+      {"head dim 8, 101 tokens (attention through sgemm)",
+       [](ModelConfig& c) { c.embed_dim = 32, c.img_h = c.img_w = 40, c.patch_size = 4; }},
   };
   for (const auto& fused_case : cases) {
+    // 17 tokens, head dim 16: the short-sequence attention kernels (model/row_kernels.h).
     ModelConfig config = test::tiny_vit(/*img=*/24, /*patch=*/6, /*in_chans=*/3, /*num_classes=*/5,
-                                        /*embed_dim=*/32, /*depth=*/2, /*num_heads=*/4, /*mlp_ratio=*/3.0);
+                                        /*embed_dim=*/64, /*depth=*/2, /*num_heads=*/4, /*mlp_ratio=*/3.0);
     fused_case.set(config);
     torch::manual_seed(0);
     VisionTransformer net(config);
@@ -185,7 +190,7 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
     net->train();
     ASSERT_EQ(net->blocks[0]->as<Block>()->fused_refusal(), "") << fused_case.name;
     torch::manual_seed(2);
-    const auto images = torch::randn({3, 3, 24, 24}, torch::requires_grad());
+    const auto images = torch::randn({3, 3, config.img_h, config.img_w}, torch::requires_grad());
     std::vector<torch::Tensor> inputs{images};
     for (const auto& p : net->parameters()) inputs.push_back(p);
 
@@ -212,25 +217,98 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
   }
 }
 
-// Inference takes the fused path too, also at batch 1 where each head's query rows are split over the threads.
+// Inference takes the fused path too, also at batch 1 where each head's query rows are split over the threads: with
+// attention through sgemm (101 tokens) and through the short-sequence kernels (50 tokens, head dim 32).
 TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
   SKIP_WITHOUT_KERNELS();
-  const ModelConfig config = test::tiny_vit(/*img=*/40, /*patch=*/4, /*in_chans=*/3, /*num_classes=*/7,
-                                            /*embed_dim=*/48, /*depth=*/2, /*num_heads=*/3, /*mlp_ratio=*/4.0);
-  torch::manual_seed(0);
-  VisionTransformer net(config);
-  perturb(net, 4);
-  net->eval();
-  torch::NoGradGuard no_grad;
-  for (const int64_t batch : {1, 8}) {
-    const auto images = torch::randn({batch, 3, 40, 40});
-    net->set_fused_blocks(false);
-    const auto expected = net->forward(images);
-    net->set_fused_blocks(true);
-    const auto actual = net->forward(images);
-    std::printf("fused block inference, batch %lld: logits %.3g (relative)\n", static_cast<long long>(batch),
-                relative_diff(actual, expected));
-    EXPECT_LT(relative_diff(actual, expected), 1e-5) << "batch " << batch;
+  for (const auto& [img, width, heads] : {std::tuple<int64_t, int64_t, int64_t>{40, 48, 3}, {28, 64, 2}}) {
+    const ModelConfig config = test::tiny_vit(img, /*patch=*/4, /*in_chans=*/3, /*num_classes=*/7, width,
+                                              /*depth=*/2, heads, /*mlp_ratio=*/4.0);
+    torch::manual_seed(0);
+    VisionTransformer net(config);
+    perturb(net, 4);
+    net->eval();
+    torch::NoGradGuard no_grad;
+    for (const int64_t batch : {1, 8}) {
+      const auto images = torch::randn({batch, 3, img, img});
+      net->set_fused_blocks(false);
+      const auto expected = net->forward(images);
+      net->set_fused_blocks(true);
+      const auto actual = net->forward(images);
+      std::printf("fused block inference, %lldx%lld, batch %lld: logits %.3g (relative)\n",
+                  static_cast<long long>(img), static_cast<long long>(img), static_cast<long long>(batch),
+                  relative_diff(actual, expected));
+      EXPECT_LT(relative_diff(actual, expected), 1e-5) << img << "x" << img << " batch " << batch;
+    }
+  }
+}
+
+// Each instruction set's row kernels (AVX-512, AVX2, baseline: those this CPU runs) against ATen: the short-sequence
+// attention forward and backward at every (keys, head dim) block count, layer norm with its backward, softmax.
+TEST(RowKernels, EveryInstructionSetMatchesAten) {
+  for (const auto& k : available_row_kernels()) {
+    double worst = 0.0;
+    for (const int64_t N : {5, 17, 33, 50, 64}) {
+      for (const int64_t hd : {16, 32, 64}) {
+        ASSERT_TRUE(short_attention_applies(N, hd));
+        torch::manual_seed(N * 100 + hd);
+        const int64_t row = 3 * hd + 8;  // q, k, v side by side in a wider row, as inside qkv
+        const auto qkv = torch::randn({N, row});
+        const auto q = qkv.narrow(1, 0, hd), key = qkv.narrow(1, hd, hd), v = qkv.narrow(1, 2 * hd, hd);
+        const float scale = 0.3f;
+        // Forward, in two row blocks as batch-1 inference splits them.
+        auto probs = torch::empty({N, N}), out = torch::empty({N, hd});
+        std::vector<float> kT(hd * 64);
+        const float* base = qkv.data_ptr<float>();
+        const int64_t first = N / 2;
+        k.short_attention(base, base + hd, base + 2 * hd, row, N, hd, scale, first, probs.data_ptr<float>(),
+                          out.data_ptr<float>(), hd, kT.data());
+        k.short_attention(base + first * row, base + hd, base + 2 * hd, row, N, hd, scale, N - first,
+                          probs.data_ptr<float>() + first * N, out.data_ptr<float>() + first * hd, hd, kT.data());
+        const auto expected_probs = torch::matmul(q * scale, key.t()).softmax(-1);
+        worst = std::max({worst, test::max_abs_diff(probs, expected_probs),
+                          test::max_abs_diff(out, torch::matmul(expected_probs, v))});
+        // Backward against autograd through the same expression.
+        auto q_leaf = q.clone().requires_grad_(), k_leaf = key.clone().requires_grad_(),
+             v_leaf = v.clone().requires_grad_();
+        const auto dout = torch::randn({N, hd});
+        const auto reference = torch::matmul(torch::matmul(q_leaf * scale, k_leaf.t()).softmax(-1), v_leaf);
+        const auto grads = torch::autograd::grad({reference}, {q_leaf, k_leaf, v_leaf}, {dout});
+        auto dqkv = torch::zeros({N, row});
+        std::vector<float> vT(hd * 64), ds(N * 64);
+        float* d = dqkv.data_ptr<float>();
+        k.short_attention_backward(probs.data_ptr<float>(), dout.data_ptr<float>(), hd, base, base + hd, base + 2 * hd,
+                                   row, N, hd, scale, d, d + hd, d + 2 * hd, vT.data(), ds.data());
+        for (int part = 0; part < 3; ++part) {
+          worst = std::max(worst, test::max_abs_diff(dqkv.narrow(1, part * hd, hd), grads[part]));
+        }
+      }
+    }
+    // Layer norm and its backward over rows of 48, softmax over rows of 19.
+    torch::manual_seed(5);
+    const int64_t D = 48;
+    const auto x = torch::randn({4, D}), w = torch::randn({D}), b = torch::randn({D}), dout = torch::randn({4, D});
+    auto out = torch::empty({4, D}), mean = torch::empty({4}), rstd = torch::empty({4});
+    auto dx = torch::empty({4, D}), dw = torch::zeros({D}), db = torch::zeros({D});
+    const auto zeros = torch::zeros({4, D});
+    for (int64_t r = 0; r < 4; ++r) {
+      k.layer_norm_row(x[r].data_ptr<float>(), D, 1e-6f, w.data_ptr<float>(), b.data_ptr<float>(), out[r].data_ptr<float>(),
+                       mean.data_ptr<float>() + r, rstd.data_ptr<float>() + r);
+      k.layer_norm_backward_row(dout[r].data_ptr<float>(), x[r].data_ptr<float>(), mean[r].item<float>(),
+                                rstd[r].item<float>(), w.data_ptr<float>(), D, zeros[r].data_ptr<float>(),
+                                dx[r].data_ptr<float>(), dw.data_ptr<float>(), db.data_ptr<float>());
+    }
+    auto x_leaf = x.clone().requires_grad_(), w_leaf = w.clone().requires_grad_(), b_leaf = b.clone().requires_grad_();
+    const auto reference = torch::layer_norm(x_leaf, {D}, w_leaf, b_leaf, 1e-6);
+    const auto grads = torch::autograd::grad({reference}, {x_leaf, w_leaf, b_leaf}, {dout});
+    auto scores = torch::randn({3, 19}) * 4;
+    const auto expected_softmax = scores.softmax(-1);
+    k.softmax_rows(scores.data_ptr<float>(), 3, 19);
+    worst = std::max({worst, test::max_abs_diff(out, reference.detach()), test::max_abs_diff(dx, grads[0]),
+                      test::max_abs_diff(dw, grads[1]), test::max_abs_diff(db, grads[2]),
+                      test::max_abs_diff(scores, expected_softmax)});
+    std::printf("row kernels, %s: max |diff| against ATen %.3g\n", k.isa, worst);
+    EXPECT_LT(worst, 1e-4) << k.isa;
   }
 }
 

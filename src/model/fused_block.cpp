@@ -9,142 +9,13 @@
 #include <vector>
 
 #include "model/cpu_kernels.h"
+#include "model/row_kernels.h"
 
 namespace vit {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// ---- row kernels ----
-// Plain loops the compiler vectorizes, cloned for AVX-512 and for AVX2 + FMA beside the x86-64 baseline: the loader
-// binds each call to the clone this CPU runs (an ifunc), so one binary is fast on every x86-64.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define VIT_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
-#else
-#define VIT_CLONES
-#endif
-
-// e^x for x <= 0 (a softmax's x - max), within 2 ulp: Cephes' expf, branch-free so that it vectorizes.
-inline __attribute__((always_inline)) float exp_nonpositive(float x) {
-  x = std::max(x, -87.3f);  // e^x below is denormal; the softmax sums it as the zero it nearly is
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f;
-  r -= n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float e = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return e * two_n;
-}
-
-// out = (x - mean) rstd w + b over one row of D; mean and rstd are kept where asked (training).
-VIT_CLONES void layer_norm_row(const float* x, int64_t D, float eps, const float* w, const float* b, float* out,
-                               float* mean_out, float* rstd_out) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < D; ++j) sum += x[j];
-  const float mean = sum / static_cast<float>(D);
-  float squares = 0.0f;
-#pragma omp simd reduction(+ : squares)
-  for (int64_t j = 0; j < D; ++j) squares += (x[j] - mean) * (x[j] - mean);
-  const float rstd = 1.0f / std::sqrt(squares / static_cast<float>(D) + eps);
-#pragma omp simd
-  for (int64_t j = 0; j < D; ++j) out[j] = (x[j] - mean) * rstd * w[j] + b[j];
-  if (mean_out != nullptr) *mean_out = mean, *rstd_out = rstd;
-}
-
-// out = base + branch gamma keep (gamma null without LayerScale): a residual add behind LayerScale and drop path.
-VIT_CLONES void add_branch_row(const float* base, const float* branch, const float* gamma, float keep, int64_t D,
-                               float* out) {
-  if (gamma != nullptr) {
-#pragma omp simd
-    for (int64_t j = 0; j < D; ++j) out[j] = base[j] + branch[j] * gamma[j] * keep;
-  } else {
-#pragma omp simd
-    for (int64_t j = 0; j < D; ++j) out[j] = base[j] + branch[j] * keep;
-  }
-}
-
-// The backward of add_branch_row towards the branch: dbranch = dout gamma keep; dgamma += dout keep branch;
-// dbias += dbranch (the branch's last bias).
-VIT_CLONES void branch_backward_row(const float* dout, const float* branch, const float* gamma, float keep, int64_t D,
-                                    float* dbranch, float* dgamma, float* dbias) {
-#pragma omp simd
-  for (int64_t j = 0; j < D; ++j) {
-    dbranch[j] = gamma != nullptr ? dout[j] * gamma[j] * keep : dout[j] * keep;
-    dbias[j] += dbranch[j];
-  }
-  if (dgamma != nullptr) {
-#pragma omp simd
-    for (int64_t j = 0; j < D; ++j) dgamma[j] += dout[j] * keep * branch[j];
-  }
-}
-
-// Layer norm's backward over one row: dx = base + rstd (g - mean(g) - xhat mean(g xhat)) with g = dout w and
-// xhat = (x - mean) rstd; dw += dout xhat, db += dout.
-VIT_CLONES void layer_norm_backward_row(const float* dout, const float* x, float mean, float rstd, const float* w,
-                                        int64_t D, const float* base, float* dx, float* dw, float* db) {
-  float sum_g = 0.0f, sum_g_xhat = 0.0f;
-#pragma omp simd reduction(+ : sum_g, sum_g_xhat)
-  for (int64_t j = 0; j < D; ++j) {
-    const float xhat = (x[j] - mean) * rstd;
-    const float g = dout[j] * w[j];
-    sum_g += g;
-    sum_g_xhat += g * xhat;
-    dw[j] += dout[j] * xhat;
-    db[j] += dout[j];
-  }
-  const float mean_g = sum_g / static_cast<float>(D), mean_g_xhat = sum_g_xhat / static_cast<float>(D);
-#pragma omp simd
-  for (int64_t j = 0; j < D; ++j) {
-    const float xhat = (x[j] - mean) * rstd;
-    dx[j] = base[j] + rstd * (dout[j] * w[j] - mean_g - xhat * mean_g_xhat);
-  }
-}
-
-VIT_CLONES void add_row(const float* src, int64_t n, float* acc) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) acc[j] += src[j];
-}
-
-// Softmax over each of rows rows of cols, in place.
-VIT_CLONES void softmax_rows(float* s, int64_t rows, int64_t cols) {
-  for (int64_t i = 0; i < rows; ++i) {
-    float* row = s + i * cols;
-    float max = row[0];
-#pragma omp simd reduction(max : max)
-    for (int64_t j = 0; j < cols; ++j) max = std::max(max, row[j]);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < cols; ++j) {
-      row[j] = exp_nonpositive(row[j] - max);
-      sum += row[j];
-    }
-    const float inverse = 1.0f / sum;
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) row[j] *= inverse;
-  }
-}
-
-// Softmax's backward in place: ds = p (dp - sum_j dp p) per row, over dp.
-VIT_CLONES void softmax_backward_rows(const float* p, float* dp, int64_t rows, int64_t cols) {
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* p_row = p + i * cols;
-    float* d_row = dp + i * cols;
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t j = 0; j < cols; ++j) dot += d_row[j] * p_row[j];
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) d_row[j] = p_row[j] * (d_row[j] - dot);
-  }
-}
 
 // ---- activations: LibTorch's own vectorized kernels on a tile (one call per tile of rows, single-threaded inside
 // a region) ----
@@ -243,6 +114,7 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
                            const torch::Tensor& keep1_tensor, const torch::Tensor& keep2_tensor, Saved* saved) {
   const auto d = dims_of(x, p, shape.heads);
   const auto options = x.options();
+  const RowKernels& k = row_kernels();
   const float eps = static_cast<float>(shape.eps), scale = static_cast<float>(shape.scale);
   const float* keep1 = data_or_null(keep1_tensor);
   const float* keep2 = data_or_null(keep2_tensor);
@@ -260,7 +132,7 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
     float *mean = data_or_null(mean1), *rstd = data_or_null(rstd1);
     for_rows(d.R, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        layer_norm_row(xp + r * d.D, d.D, eps, p.norm1_weight.data_ptr<float>(), p.norm1_bias.data_ptr<float>(),
+        k.layer_norm_row(xp + r * d.D, d.D, eps, p.norm1_weight.data_ptr<float>(), p.norm1_bias.data_ptr<float>(),
                        xn + r * d.D, mean ? mean + r : nullptr, rstd ? rstd + r : nullptr);
       }
       const float beta = bias_rows(data_or_null(p.qkv_bias), r1 - r0, 3 * d.D, out + r0 * 3 * d.D);
@@ -290,10 +162,15 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
         const int64_t b = pair / d.heads, h = pair % d.heads;
         const float* q = q_all + b * d.N * row + h * d.hd;  // (N, hd), row stride 3D; k at +D, v at +2D
         float* s = probs_p != nullptr ? probs_p + (pair * d.N + first) * d.N : scratch(0, count * d.N);  // (count, N)
+        float* o = out + (b * d.N + first) * d.D + h * d.hd;
+        if (short_attention_applies(d.N, d.hd)) {
+          k.short_attention(q + first * row, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, count, s, o, d.D,
+                          scratch(1, d.hd * 64));
+          continue;
+        }
         sgemm('N', 'T', count, d.N, d.hd, scale, q + first * row, row, q + d.D, row, 0.0f, s, d.N);
-        softmax_rows(s, count, d.N);
-        sgemm('N', 'N', count, d.hd, d.N, 1.0f, s, d.N, q + 2 * d.D, row, 0.0f,
-              out + (b * d.N + first) * d.D + h * d.hd, d.D);
+        k.softmax_rows(s, count, d.N);
+        sgemm('N', 'N', count, d.hd, d.N, 1.0f, s, d.N, q + 2 * d.D, row, 0.0f, o, d.D);
       }
     });
   }
@@ -327,8 +204,8 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
         float* xn2 = training ? kept.xn2.data_ptr<float>() + t0 * d.D : scratch(1, tile * d.D);
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t r = t0 + i;
-          add_branch_row(xp + r * d.D, a + i * d.D, gamma1, keep_at(keep1, r, d.N), d.D, y + i * d.D);
-          layer_norm_row(y + i * d.D, d.D, eps, p.norm2_weight.data_ptr<float>(), p.norm2_bias.data_ptr<float>(),
+          k.add_branch_row(xp + r * d.D, a + i * d.D, gamma1, keep_at(keep1, r, d.N), d.D, y + i * d.D);
+          k.layer_norm_row(y + i * d.D, d.D, eps, p.norm2_weight.data_ptr<float>(), p.norm2_bias.data_ptr<float>(),
                          xn2 + i * d.D, training ? kept.mean2.data_ptr<float>() + r : nullptr,
                          training ? kept.rstd2.data_ptr<float>() + r : nullptr);
         }
@@ -345,7 +222,7 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
         sgemm('N', 'T', rows, d.D, d.hidden, 1.0f, g, d.hidden, p.fc2_weight.data_ptr<float>(), d.hidden, beta, m,
               d.D);
         for (int64_t i = 0; i < rows; ++i) {
-          add_branch_row(y + i * d.D, m + i * d.D, gamma2, keep_at(keep2, t0 + i, d.N), d.D, out_p + (t0 + i) * d.D);
+          k.add_branch_row(y + i * d.D, m + i * d.D, gamma2, keep_at(keep2, t0 + i, d.N), d.D, out_p + (t0 + i) * d.D);
         }
       }
     });
@@ -378,6 +255,7 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
                         const torch::Tensor& grad_out) {
   const auto d = dims_of(x, p, shape.heads);
   const auto options = x.options();
+  const RowKernels& k = row_kernels();
   const float scale = static_cast<float>(shape.scale);
   const float* keep1 = data_or_null(keep1_tensor);
   const float* keep2 = data_or_null(keep2_tensor);
@@ -401,7 +279,7 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
     float *dm_p = dm.data_ptr<float>() + r0 * d.D, *dh_p = dh.data_ptr<float>() + r0 * d.hidden;
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t r = r0 + i;
-      branch_backward_row(dout + r * d.D, gamma2 ? s.m.data_ptr<float>() + r * d.D : nullptr, gamma2,
+      k.branch_backward_row(dout + r * d.D, gamma2 ? s.m.data_ptr<float>() + r * d.D : nullptr, gamma2,
                           keep_at(keep2, r, d.N), d.D, dm_p + i * d.D, gamma2 ? dgamma2.mine() : nullptr,
                           dfc2_bias.mine());
     }
@@ -409,16 +287,16 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
           d.hidden);
     activation_backward(s.h.data_ptr<float>() + r0 * d.hidden, dh_p, rows * d.hidden, shape.act);
     float* dfc1_b = dfc1_bias.mine();
-    for (int64_t i = 0; i < rows; ++i) add_row(dh_p + i * d.hidden, d.hidden, dfc1_b);
+    for (int64_t i = 0; i < rows; ++i) k.add_row(dh_p + i * d.hidden, d.hidden, dfc1_b);
     float* dxn2 = scratch(0, rows * d.D);
     sgemm('N', 'N', rows, d.D, d.hidden, 1.0f, dh_p, d.hidden, p.fc1_weight.data_ptr<float>(), d.D, 0.0f, dxn2, d.D);
     float *dy_p = dy.data_ptr<float>() + r0 * d.D, *da_p = da.data_ptr<float>() + r0 * d.D;
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t r = r0 + i;
-      layer_norm_backward_row(dxn2 + i * d.D, s.y.data_ptr<float>() + r * d.D, s.mean2.data_ptr<float>()[r],
+      k.layer_norm_backward_row(dxn2 + i * d.D, s.y.data_ptr<float>() + r * d.D, s.mean2.data_ptr<float>()[r],
                               s.rstd2.data_ptr<float>()[r], p.norm2_weight.data_ptr<float>(), d.D, dout + r * d.D,
                               dy_p + i * d.D, dnorm2_w.mine(), dnorm2_b.mine());
-      branch_backward_row(dy_p + i * d.D, s.a.data_ptr<float>() + r * d.D, gamma1, keep_at(keep1, r, d.N), d.D,
+      k.branch_backward_row(dy_p + i * d.D, s.a.data_ptr<float>() + r * d.D, gamma1, keep_at(keep1, r, d.N), d.D,
                           da_p + i * d.D, gamma1 ? dgamma1.mine() : nullptr, dproj_bias.mine());
     }
     sgemm('N', 'N', rows, d.D, d.D, 1.0f, da_p, d.D, p.proj_weight.data_ptr<float>(), d.D, 0.0f,
@@ -449,17 +327,22 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
     const float* datt_p = datt.data_ptr<float>();
     float* dq_all = dqkv.data_ptr<float>();
     at::parallel_for(0, d.B * d.heads, 1, [&](int64_t begin, int64_t end) {
-      float* ds = scratch(0, d.N * d.N);
+      float* ds = scratch(0, d.N * std::max<int64_t>(d.N, 64));  // (N, N), or (N, 16 KB) for the short kernels
       for (int64_t pair = begin; pair < end; ++pair) {
         const int64_t b = pair / d.heads, h = pair % d.heads;
         const float* q = q_all + b * d.N * row + h * d.hd;  // k at +D, v at +2D
         float* dq = dq_all + b * d.N * row + h * d.hd;
         const float* prob = probs + pair * d.N * d.N;
         const float* dhead = datt_p + b * d.N * d.D + h * d.hd;  // (N, hd), row stride D
+        if (short_attention_applies(d.N, d.hd)) {
+          k.short_attention_backward(prob, dhead, d.D, q, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, dq, dq + d.D,
+                                   dq + 2 * d.D, scratch(1, d.hd * 64), ds);
+          continue;
+        }
         // dv = P^T dout; dP = dout v^T; dS = softmax'; dq = scale dS k; dk = scale dS^T q
         sgemm('T', 'N', d.N, d.hd, d.N, 1.0f, prob, d.N, dhead, d.D, 0.0f, dq + 2 * d.D, row);
         sgemm('N', 'T', d.N, d.N, d.hd, 1.0f, dhead, d.D, q + 2 * d.D, row, 0.0f, ds, d.N);
-        softmax_backward_rows(prob, ds, d.N, d.N);
+        k.softmax_backward_rows(prob, ds, d.N, d.N);
         sgemm('N', 'N', d.N, d.hd, d.N, scale, ds, d.N, q + d.D, row, 0.0f, dq, row);
         sgemm('T', 'N', d.N, d.hd, d.N, scale, ds, d.N, q, row, 0.0f, dq + d.D, row);
       }
@@ -474,12 +357,12 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
     const int64_t rows = r1 - r0;
     const float* dqkv_p = dqkv.data_ptr<float>() + r0 * 3 * d.D;
     float* dqkv_b = dqkv_bias.mine();
-    for (int64_t i = 0; i < rows; ++i) add_row(dqkv_p + i * 3 * d.D, 3 * d.D, dqkv_b);
+    for (int64_t i = 0; i < rows; ++i) k.add_row(dqkv_p + i * 3 * d.D, 3 * d.D, dqkv_b);
     float* dxn1 = scratch(0, rows * d.D);
     sgemm('N', 'N', rows, d.D, 3 * d.D, 1.0f, dqkv_p, 3 * d.D, p.qkv_weight.data_ptr<float>(), d.D, 0.0f, dxn1, d.D);
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t r = r0 + i;
-      layer_norm_backward_row(dxn1 + i * d.D, x.data_ptr<float>() + r * d.D, s.mean1.data_ptr<float>()[r],
+      k.layer_norm_backward_row(dxn1 + i * d.D, x.data_ptr<float>() + r * d.D, s.mean1.data_ptr<float>()[r],
                               s.rstd1.data_ptr<float>()[r], p.norm1_weight.data_ptr<float>(), d.D,
                               dy.data_ptr<float>() + r * d.D, dx.data_ptr<float>() + r * d.D, dnorm1_w.mine(),
                               dnorm1_b.mine());

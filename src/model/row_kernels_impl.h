@@ -1,0 +1,319 @@
+// The kernels of model/row_kernels.h, included once per instruction set by row_kernels*.cpp with
+// VIT_ROW_KERNELS_ISA naming the namespace (and the unit's -m flags choosing the instructions). Everything here is
+// in that namespace, so the three copies never meet.
+#ifndef VIT_ROW_KERNELS_ISA
+#error "define VIT_ROW_KERNELS_ISA before including row_kernels_impl.h"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+
+#include "model/row_kernels.h"
+
+#ifndef VIT_VECTOR_FLOATS
+#error "define VIT_VECTOR_FLOATS (the unit's native vector width in floats) before including row_kernels_impl.h"
+#endif
+
+#define VIT_INLINE inline __attribute__((always_inline))
+
+namespace vit::VIT_ROW_KERNELS_ISA {
+namespace {
+// e^x for x <= 0 (a softmax's x - max), within 2 ulp: Cephes' expf, branch-free so that it vectorizes.
+VIT_INLINE float exp_nonpositive(float x) {
+  x = std::max(x, -87.3f);  // e^x below is denormal; the softmax sums it as the zero it nearly is
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r -= n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  return e * __builtin_bit_cast(float, bits);
+}
+
+// out = (x - mean) rstd w + b over one row of D; mean and rstd are kept where asked (training).
+void layer_norm_row(const float* x, int64_t D, float eps, const float* w, const float* b, float* out,
+                               float* mean_out, float* rstd_out) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < D; ++j) sum += x[j];
+  const float mean = sum / static_cast<float>(D);
+  float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t j = 0; j < D; ++j) squares += (x[j] - mean) * (x[j] - mean);
+  const float rstd = 1.0f / std::sqrt(squares / static_cast<float>(D) + eps);
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) out[j] = (x[j] - mean) * rstd * w[j] + b[j];
+  if (mean_out != nullptr) *mean_out = mean, *rstd_out = rstd;
+}
+
+// out = base + branch gamma keep (gamma null without LayerScale): a residual add behind LayerScale and drop path.
+void add_branch_row(const float* base, const float* branch, const float* gamma, float keep, int64_t D,
+                               float* out) {
+  if (gamma != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < D; ++j) out[j] = base[j] + branch[j] * gamma[j] * keep;
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < D; ++j) out[j] = base[j] + branch[j] * keep;
+  }
+}
+
+// The backward of add_branch_row towards the branch: dbranch = dout gamma keep; dgamma += dout keep branch;
+// dbias += dbranch (the branch's last bias).
+void branch_backward_row(const float* dout, const float* branch, const float* gamma, float keep, int64_t D,
+                                    float* dbranch, float* dgamma, float* dbias) {
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) {
+    dbranch[j] = gamma != nullptr ? dout[j] * gamma[j] * keep : dout[j] * keep;
+    dbias[j] += dbranch[j];
+  }
+  if (dgamma != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < D; ++j) dgamma[j] += dout[j] * keep * branch[j];
+  }
+}
+
+// Layer norm's backward over one row: dx = base + rstd (g - mean(g) - xhat mean(g xhat)) with g = dout w and
+// xhat = (x - mean) rstd; dw += dout xhat, db += dout.
+void layer_norm_backward_row(const float* dout, const float* x, float mean, float rstd, const float* w,
+                                        int64_t D, const float* base, float* dx, float* dw, float* db) {
+  float sum_g = 0.0f, sum_g_xhat = 0.0f;
+#pragma omp simd reduction(+ : sum_g, sum_g_xhat)
+  for (int64_t j = 0; j < D; ++j) {
+    const float xhat = (x[j] - mean) * rstd;
+    const float g = dout[j] * w[j];
+    sum_g += g;
+    sum_g_xhat += g * xhat;
+    dw[j] += dout[j] * xhat;
+    db[j] += dout[j];
+  }
+  const float mean_g = sum_g / static_cast<float>(D), mean_g_xhat = sum_g_xhat / static_cast<float>(D);
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) {
+    const float xhat = (x[j] - mean) * rstd;
+    dx[j] = base[j] + rstd * (dout[j] * w[j] - mean_g - xhat * mean_g_xhat);
+  }
+}
+
+void add_row(const float* src, int64_t n, float* acc) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) acc[j] += src[j];
+}
+
+// Softmax over each of rows rows of cols, in place.
+void softmax_rows(float* s, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = s + i * cols;
+    float max = row[0];
+#pragma omp simd reduction(max : max)
+    for (int64_t j = 0; j < cols; ++j) max = std::max(max, row[j]);
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) row[j] = exp_nonpositive(row[j] - max);  // apart from the sum: it vectorizes
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < cols; ++j) sum += row[j];
+    const float inverse = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) row[j] *= inverse;
+  }
+}
+
+// Softmax's backward in place: ds = p (dp - sum_j dp p) per row, over dp.
+void softmax_backward_rows(const float* p, float* dp, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* p_row = p + i * cols;
+    float* d_row = dp + i * cols;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < cols; ++j) dot += d_row[j] * p_row[j];
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) d_row[j] = p_row[j] * (d_row[j] - dot);
+  }
+}
+
+// ---- attention of one (image, head) for short sequences ----
+// Below 64 tokens an sgemm call costs more than its product (the Fashion-MNIST default: 17 tokens, 512 (image,
+// head) pairs per block, four products each in the backward). These kernels keep a query row's scores and the
+// accumulators of its output in registers instead: keys padded to KB blocks of 16, the head dimension HB blocks of
+// 16, both fixed at compile time. q, k, v are (N, hd) row blocks with row stride `row` (3D: read in place from qkv).
+// The unit's native vector: 16 floats with AVX-512, 8 with AVX2, 4 at the SSE2 baseline (row_kernels*.cpp say).
+constexpr int W = VIT_VECTOR_FLOATS;
+typedef float vec __attribute__((vector_size(4 * W), aligned(4)));  // unaligned loads and stores
+
+typedef int32_t ivec __attribute__((vector_size(4 * W)));
+
+VIT_INLINE vec loadv(const float* p) { return *reinterpret_cast<const vec*>(p); }
+VIT_INLINE void storev(float* p, vec x) { *reinterpret_cast<vec*>(p) = x; }
+
+// exp_nonpositive on a whole vector (the compiler does not vectorize a loop over an array written as vectors).
+VIT_INLINE vec exp_nonpositive(vec x) {
+  x = x < -87.3f ? vec{} - 87.3f : x;
+  const vec y = x * 1.44269504088896341f + 0.5f;
+  vec n = __builtin_convertvector(__builtin_convertvector(y, ivec), vec);  // truncation toward zero
+  n = n > y ? n - 1.0f : n;                                              // floor
+  vec r = x - n * 0.693359375f;
+  r -= n * -2.12194440e-4f;
+  vec p = vec{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const vec e = p * r * r + r + 1.0f;
+  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;  // 2^n
+  return e * reinterpret_cast<const vec&>(bits);
+}
+
+// dst (hd, 16 KB) = src (N, hd; row stride row) transposed, zero past N.
+template <int KB>
+VIT_INLINE void transpose_padded(const float* src, int64_t row, int64_t N, int64_t hd, float* dst) {
+  constexpr int keys = 16 * KB;
+  for (int64_t d = 0; d < hd; ++d) {
+    for (int64_t j = 0; j < N; ++j) dst[d * keys + j] = src[j * row + d];
+    for (int64_t j = N; j < keys; ++j) dst[d * keys + j] = 0.0f;
+  }
+}
+
+// For count query rows: probabilities p (count, N) = softmax((scale q) k^T), out (count, hd; row stride ld) = p v.
+// kT: scratch (hd, 16 KB).
+template <int KB, int HB>
+VIT_INLINE void short_attention_rows(const float* q, const float* k, const float* v,
+                                                                int64_t row, int64_t N, float scale, int64_t count,
+                                                                float* p, float* out, int64_t ld, float* kT) {
+  constexpr int hd = 16 * HB, keys = 16 * KB;
+  transpose_padded<KB>(k, row, N, hd, kT);
+  for (int64_t i = 0; i < count; ++i) {
+    vec acc[KB * 16 / W] = {};
+    const float* qi = q + i * row;
+    for (int d = 0; d < hd; ++d) {
+      const float qd = qi[d] * scale;  // timm's (q * scale) @ k^T
+      for (int b = 0; b < KB * 16 / W; ++b) acc[b] += qd * loadv(kT + d * keys + W * b);
+    }
+    // Softmax over the N real keys, in registers: the padding's lanes count as -inf, then as 0.
+    float max = -std::numeric_limits<float>::infinity();
+    for (int b = 0; b < KB * 16 / W; ++b) {
+      for (int l = 0; l < W && W * b + l < N; ++l) max = std::max(max, acc[b][l]);
+    }
+    float sum = 0.0f;
+    for (int b = 0; b < KB * 16 / W; ++b) {
+      acc[b] = exp_nonpositive(acc[b] - max);
+      for (int l = 0; l < W; ++l) {
+        if (W * b + l >= N) acc[b][l] = 0.0f;
+        sum += acc[b][l];
+      }
+    }
+    const float inverse = 1.0f / sum;
+    float scores[keys];
+    for (int b = 0; b < KB * 16 / W; ++b) storev(scores + W * b, acc[b] * inverse);
+    std::copy(scores, scores + N, p + i * N);
+    vec o[HB * 16 / W] = {};
+    for (int64_t j = 0; j < N; ++j) {
+      for (int b = 0; b < HB * 16 / W; ++b) o[b] += scores[j] * loadv(v + j * row + W * b);
+    }
+    for (int b = 0; b < HB * 16 / W; ++b) storev(out + i * ld + W * b, o[b]);
+  }
+}
+
+// The backward of one head: dO (N, hd; row stride ld) -> dq, dk, dv (N, hd; row stride row), P (N, N) the saved
+// probabilities. Scratch: vT (hd, 16 KB), ds (N, 16 KB).
+template <int KB, int HB>
+VIT_INLINE void short_attention_backward_rows(const float* P, const float* dO, int64_t ld,
+                                                                         const float* q, const float* k,
+                                                                         const float* v, int64_t row, int64_t N,
+                                                                         float scale, float* dq, float* dk, float* dv,
+                                                                         float* vT, float* ds) {
+  constexpr int hd = 16 * HB, keys = 16 * KB;
+  for (int64_t j = 0; j < N; ++j) {  // dv_j = sum_i P_ij dO_i
+    vec acc[HB * 16 / W] = {};
+    for (int64_t i = 0; i < N; ++i) {
+      const float pij = P[i * N + j];
+      for (int b = 0; b < HB * 16 / W; ++b) acc[b] += pij * loadv(dO + i * ld + W * b);
+    }
+    for (int b = 0; b < HB * 16 / W; ++b) storev(dv + j * row + W * b, acc[b]);
+  }
+  transpose_padded<KB>(v, row, N, hd, vT);
+  for (int64_t i = 0; i < N; ++i) {  // dP_i = dO_i v^T; dS_i = P_i (dP_i - P_i . dP_i)
+    vec acc[KB * 16 / W] = {};
+    for (int d = 0; d < hd; ++d) {
+      const float g = dO[i * ld + d];
+      for (int b = 0; b < KB * 16 / W; ++b) acc[b] += g * loadv(vT + d * keys + W * b);
+    }
+    float* di = ds + i * keys;
+    for (int b = 0; b < KB * 16 / W; ++b) storev(di + W * b, acc[b]);
+    const float* pi = P + i * N;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < N; ++j) dot += di[j] * pi[j];
+#pragma omp simd
+    for (int64_t j = 0; j < N; ++j) di[j] = scale * pi[j] * (di[j] - dot);  // scale folded in: dq, dk need it
+  }
+  for (int64_t i = 0; i < N; ++i) {  // dq_i = scale sum_j dS_ij k_j
+    vec acc[HB * 16 / W] = {};
+    for (int64_t j = 0; j < N; ++j) {
+      const float sij = ds[i * keys + j];
+      for (int b = 0; b < HB * 16 / W; ++b) acc[b] += sij * loadv(k + j * row + W * b);
+    }
+    for (int b = 0; b < HB * 16 / W; ++b) storev(dq + i * row + W * b, acc[b]);
+  }
+  for (int64_t j = 0; j < N; ++j) {  // dk_j = scale sum_i dS_ij q_i
+    vec acc[HB * 16 / W] = {};
+    for (int64_t i = 0; i < N; ++i) {
+      const float sij = ds[i * keys + j];
+      for (int b = 0; b < HB * 16 / W; ++b) acc[b] += sij * loadv(q + i * row + W * b);
+    }
+    for (int b = 0; b < HB * 16 / W; ++b) storev(dk + j * row + W * b, acc[b]);
+  }
+}
+
+// Calls body.template operator()<KB, HB>() for N tokens and head dimension hd (short_attention_applies).
+#define VIT_SHORT_ATTENTION_DISPATCH(N, hd, CALL)                   \
+  switch (((N) + 15) / 16 * 8 + (hd) / 16) {                        \
+    case 1 * 8 + 1: CALL(1, 1); break;                              \
+    case 1 * 8 + 2: CALL(1, 2); break;                              \
+    case 1 * 8 + 4: CALL(1, 4); break;                              \
+    case 2 * 8 + 1: CALL(2, 1); break;                              \
+    case 2 * 8 + 2: CALL(2, 2); break;                              \
+    case 2 * 8 + 4: CALL(2, 4); break;                              \
+    case 3 * 8 + 1: CALL(3, 1); break;                              \
+    case 3 * 8 + 2: CALL(3, 2); break;                              \
+    case 3 * 8 + 4: CALL(3, 4); break;                              \
+    case 4 * 8 + 1: CALL(4, 1); break;                              \
+    case 4 * 8 + 2: CALL(4, 2); break;                              \
+    case 4 * 8 + 4: CALL(4, 4); break;                              \
+    default: throw std::logic_error("short attention: no kernel for these sizes");                \
+  }
+
+void short_attention(const float* q, const float* k, const float* v, int64_t row, int64_t N, int64_t hd,
+                                float scale, int64_t count, float* p, float* out, int64_t ld, float* kT) {
+#define VIT_CALL(KB, HB) short_attention_rows<KB, HB>(q, k, v, row, N, scale, count, p, out, ld, kT)
+  VIT_SHORT_ATTENTION_DISPATCH(N, hd, VIT_CALL)
+#undef VIT_CALL
+}
+
+void short_attention_backward(const float* P, const float* dO, int64_t ld, const float* q, const float* k,
+                                         const float* v, int64_t row, int64_t N, int64_t hd, float scale, float* dq,
+                                         float* dk, float* dv, float* vT, float* ds) {
+#define VIT_CALL(KB, HB) \
+  short_attention_backward_rows<KB, HB>(P, dO, ld, q, k, v, row, N, scale, dq, dk, dv, vT, ds)
+  VIT_SHORT_ATTENTION_DISPATCH(N, hd, VIT_CALL)
+#undef VIT_CALL
+}
+
+}  // namespace
+
+RowKernels table(const char* isa) {
+  return {isa,         &layer_norm_row, &layer_norm_backward_row, &add_branch_row,         &branch_backward_row,
+          &add_row,    &softmax_rows,   &softmax_backward_rows,   &short_attention,        &short_attention_backward};
+}
+
+}  // namespace vit::VIT_ROW_KERNELS_ISA
+
+#undef VIT_INLINE
