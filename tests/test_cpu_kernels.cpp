@@ -144,10 +144,14 @@ TEST(CpuKernels, PatchEmbedMatchesItsConvolution) {
 // ---- the fused block ----
 
 // Every parameter moved off timm's init (zero biases, unit norms, equal LayerScale): each one then shapes the output.
+// Matrices by 0.2 / sqrt(fan-in), so that activations keep their scale at any width.
 void perturb(VisionTransformer& net, uint64_t seed) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(seed);
-  for (auto& p : net->parameters()) p.add_(torch::randn_like(p) * 0.2);
+  for (auto& p : net->parameters()) {
+    const double fan_in = p.dim() >= 2 ? static_cast<double>(p.numel() / p.size(0)) : 1.0;
+    p.add_(torch::randn_like(p) * (0.2 / std::sqrt(fan_in)));
+  }
 }
 
 // max |a - b| over max |b|: a difference relative to the tensor's scale.
@@ -155,6 +159,14 @@ double relative_diff(const torch::Tensor& a, const torch::Tensor& b) {
   const double scale = b.abs().max().item<double>();
   return test::max_abs_diff(a, b) / (scale > 0.0 ? scale : 1.0);
 }
+
+// Three intra-op threads for a test's duration: the fused block's regions then split rows and (image, head) pairs
+// unevenly, and per-thread partial sums are reduced (the suite otherwise runs on LibTorch's default count).
+struct ThreeThreads {
+  ThreeThreads() : previous(at::get_num_threads()) { at::set_num_threads(3); }
+  ~ThreeThreads() { at::set_num_threads(previous); }
+  int previous;
+};
 
 struct FusedCase {
   const char* name;
@@ -178,7 +190,10 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
       {"drop path", [](ModelConfig& c) { c.drop_path_rate = 0.5, c.init_values = 0.1; }},
       {"head dim 8, 101 tokens (attention through sgemm)",
        [](ModelConfig& c) { c.embed_dim = 32, c.img_h = c.img_w = 40, c.patch_size = 4; }},
+      {"width 256 (2.6 MB of weights, 17 rows per thread: products on all rows)",
+       [](ModelConfig& c) { c.embed_dim = 256; }},
   };
+  ThreeThreads threads;
   for (const auto& fused_case : cases) {
     // 17 tokens, head dim 16: the short-sequence attention kernels (model/row_kernels.h).
     ModelConfig config = test::tiny_vit(/*img=*/24, /*patch=*/6, /*in_chans=*/3, /*num_classes=*/5,
@@ -218,10 +233,13 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
 }
 
 // Inference takes the fused path too, also at batch 1 where each head's query rows are split over the threads: with
-// attention through sgemm (101 tokens) and through the short-sequence kernels (50 tokens, head dim 32).
+// attention through sgemm (101 tokens), through the short-sequence kernels (50 tokens, head dim 32), and with weights
+// large enough (width 256) that batch 1 runs each product on all rows at once.
 TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
   SKIP_WITHOUT_KERNELS();
-  for (const auto& [img, width, heads] : {std::tuple<int64_t, int64_t, int64_t>{40, 48, 3}, {28, 64, 2}}) {
+  ThreeThreads threads;
+  for (const auto& [img, width, heads] :
+       {std::tuple<int64_t, int64_t, int64_t>{40, 48, 3}, {28, 64, 2}, {28, 256, 4}}) {
     const ModelConfig config = test::tiny_vit(img, /*patch=*/4, /*in_chans=*/3, /*num_classes=*/7, width,
                                               /*depth=*/2, heads, /*mlp_ratio=*/4.0);
     torch::manual_seed(0);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "model/cpu_kernels.h"
@@ -75,9 +76,12 @@ float* scratch(int slot, int64_t floats) {
 }
 
 // Copies bias (cols) into every row of out (rows, cols) and returns the sgemm's beta: 1 with a bias, 0 without.
+// Row-parallel when called outside a parallel region (a wide plan's product on all rows).
 float bias_rows(const float* bias, int64_t rows, int64_t cols, float* out) {
   if (bias == nullptr) return 0.0f;
-  for (int64_t i = 0; i < rows; ++i) std::memcpy(out + i * cols, bias, cols * sizeof(float));
+  at::parallel_for(0, rows, /*grain_size=*/16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) std::memcpy(out + i * cols, bias, cols * sizeof(float));
+  });
   return 1.0f;
 }
 
@@ -103,134 +107,222 @@ Dims dims_of(const torch::Tensor& x, const BlockParameters& p, int64_t heads) {
 
 float keep_at(const float* keep, int64_t row, int64_t N) { return keep != nullptr ? keep[row / N] : 1.0f; }
 
+// How a pass spreads its rows over the threads.
+//  - narrow: one parallel region runs every step on each thread's own rows, the products as single-threaded sgemm
+//    calls: no barrier between steps. Each thread reads every weight, which costs nothing when the weights are
+//    small (the Fashion-MNIST default: 0.5 MB per block) or each thread has many rows to reuse them on. In
+//    inference with small weights the rows go in tiles of kTileRows, so that the MLP's hidden rows stay in cache.
+//  - wide: step by step, each product on all rows at once as one multi-threaded sgemm (which splits the weight's
+//    columns between the threads: read once in all), the element-wise steps row-parallel between them. Batch-1
+//    inference of ViT-B (28 MB of weights per block, 99 rows per thread) needs this.
+constexpr int64_t kTileRows = 64;
+constexpr int64_t kSmallWeightBytes = 1 << 20;
+constexpr int64_t kReuseRows = 256;  // rows per thread from which a thread's own copy of the weights pays off
+
+struct Plan {
+  bool wide = false;
+  int64_t tile = 0;  // narrow: rows per tile (0: the thread's whole range)
+};
+
+Plan plan_for(const Dims& d, bool training) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t weight_bytes = 4 * (4 * d.D * d.D + 2 * d.D * d.hidden);
+  const bool small = weight_bytes <= kSmallWeightBytes;
+  Plan plan;
+  plan.wide = threads > 1 && !small && (d.R + threads - 1) / threads < kReuseRows;
+  plan.tile = !plan.wide && !training && small ? kTileRows : 0;
+  return plan;
+}
+
+// One step of a pass over rows [r0, r1). whole: in a wide plan it runs once on all rows from the calling thread,
+// where sgemm (or LibTorch's kernel) spreads the work itself; otherwise it runs row-parallel.
+struct Step {
+  bool whole;
+  std::function<void(int64_t r0, int64_t r1)> run;
+};
+
+void run_steps(int64_t R, const Plan& plan, const std::vector<Step>& steps) {
+  if (plan.wide) {
+    for (const auto& step : steps) step.whole ? step.run(0, R) : for_rows(R, step.run);
+    return;
+  }
+  for_rows(R, [&](int64_t r0, int64_t r1) {
+    const int64_t tile = plan.tile > 0 ? plan.tile : r1 - r0;
+    for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+      for (const auto& step : steps) step.run(t0, std::min(r1, t0 + tile));
+    }
+  });
+}
+
+// An intermediate of `width` floats per row that only steps of the same row range read: a whole (R, width)
+// tensor in a wide plan, else the running thread's scratch `slot` holding the current range (row r at r - r0).
+// Allocated only where `needed`.
+struct Temporary {
+  Temporary(const Plan& plan, int slot, int64_t R, int64_t width, const torch::TensorOptions& options,
+            bool needed = true)
+      : slot(plan.wide ? -1 : slot), width(width) {
+    if (plan.wide && needed) whole = torch::empty({R, width}, options);
+  }
+  // The rows of [r0, r1), starting at row r0.
+  float* rows(int64_t r0, int64_t r1) const {
+    return slot < 0 ? whole.data_ptr<float>() + r0 * width : scratch(slot, (r1 - r0) * width);
+  }
+  int slot;
+  int64_t width;
+  torch::Tensor whole;
+};
+
 // What the backward reads, kept by a training forward. m (the MLP's output) only with LayerScale.
 struct Saved {
   torch::Tensor xn1, mean1, rstd1, qkv, probs, att, a, y, mean2, rstd2, xn2, h, g, m;
 };
 
-constexpr int64_t kInferenceTileRows = 64;  // the MLP of 64 rows stays in cache between fc1 and fc2
+// The forward's region 2: (image, head) pairs, each split into query-row blocks when there are fewer pairs than
+// twice the threads (batch-1 inference): softmax((scale q) k^T) v into the head's columns of att (R, D). probs
+// (B, nh, N, N) receives the probabilities where defined (training).
+void attention_forward(const Dims& d, const RowKernels& k, float scale, const torch::Tensor& qkv,
+                       const torch::Tensor& probs, const torch::Tensor& att) {
+  const int64_t pairs = d.B * d.heads;
+  const int64_t blocks =
+      probs.defined() ? 1 : std::clamp<int64_t>((2 * at::get_num_threads() + pairs - 1) / pairs, 1, d.N);
+  const int64_t block_rows = (d.N + blocks - 1) / blocks;
+  const float* q_all = qkv.data_ptr<float>();
+  float* out = att.data_ptr<float>();
+  float* probs_p = probs.defined() ? probs.data_ptr<float>() : nullptr;
+  const int64_t row = 3 * d.D;
+  at::parallel_for(0, pairs * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t pair = i / blocks, first = (i % blocks) * block_rows;
+      if (first >= d.N) continue;
+      const int64_t count = std::min(block_rows, d.N - first);
+      const int64_t b = pair / d.heads, h = pair % d.heads;
+      const float* q = q_all + b * d.N * row + h * d.hd;  // (N, hd), row stride 3D; k at +D, v at +2D
+      float* s = probs_p != nullptr ? probs_p + (pair * d.N + first) * d.N : scratch(0, count * d.N);  // (count, N)
+      float* o = out + (b * d.N + first) * d.D + h * d.hd;
+      if (short_attention_applies(d.N, d.hd)) {
+        k.short_attention(q + first * row, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, count, s, o, d.D,
+                          scratch(1, d.hd * 64));
+        continue;
+      }
+      sgemm('N', 'T', count, d.N, d.hd, scale, q + first * row, row, q + d.D, row, 0.0f, s, d.N);
+      k.softmax_rows(s, count, d.N);
+      sgemm('N', 'N', count, d.hd, d.N, 1.0f, s, d.N, q + 2 * d.D, row, 0.0f, o, d.D);
+    }
+  });
+}
+
+// rows (r1 - r0) of out (.., out_features) = bias + in (.., in_features) W^T, out and in starting at row r0.
+void linear_rows(int64_t r0, int64_t r1, const float* in, const torch::Tensor& weight, const torch::Tensor& bias,
+                 float* out) {
+  const int64_t out_features = weight.size(0), in_features = weight.size(1);
+  const float beta = bias_rows(data_or_null(bias), r1 - r0, out_features, out);
+  sgemm('N', 'T', r1 - r0, out_features, in_features, 1.0f, in, in_features, weight.data_ptr<float>(), in_features,
+        beta, out, out_features);
+}
 
 torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, const BlockShape& shape,
                            const torch::Tensor& keep1_tensor, const torch::Tensor& keep2_tensor, Saved* saved) {
   const auto d = dims_of(x, p, shape.heads);
   const auto options = x.options();
   const RowKernels& k = row_kernels();
+  const bool training = saved != nullptr;
+  const Plan plan = plan_for(d, training);
   const float eps = static_cast<float>(shape.eps), scale = static_cast<float>(shape.scale);
   const float* keep1 = data_or_null(keep1_tensor);
   const float* keep2 = data_or_null(keep2_tensor);
   const float* gamma1 = data_or_null(p.gamma1);
   const float* gamma2 = data_or_null(p.gamma2);
   const float* xp = x.data_ptr<float>();
+  auto full = [&](int64_t width) { return torch::empty({d.R, width}, options); };
+  Saved s;
 
   // Region 1, rows: norm1, then qkv.
-  auto xn1 = torch::empty({d.R, d.D}, options);          // (R, D)
-  auto qkv = torch::empty({d.R, 3 * d.D}, options);      // (R, 3D): q, k, v, each (nh, hd)
-  torch::Tensor mean1, rstd1;
-  if (saved != nullptr) mean1 = torch::empty({d.R}, options), rstd1 = torch::empty({d.R}, options);
-  {
-    float *xn = xn1.data_ptr<float>(), *out = qkv.data_ptr<float>();
-    float *mean = data_or_null(mean1), *rstd = data_or_null(rstd1);
-    for_rows(d.R, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        k.layer_norm_row(xp + r * d.D, d.D, eps, p.norm1_weight.data_ptr<float>(), p.norm1_bias.data_ptr<float>(),
-                       xn + r * d.D, mean ? mean + r : nullptr, rstd ? rstd + r : nullptr);
-      }
-      const float beta = bias_rows(data_or_null(p.qkv_bias), r1 - r0, 3 * d.D, out + r0 * 3 * d.D);
-      sgemm('N', 'T', r1 - r0, 3 * d.D, d.D, 1.0f, xn + r0 * d.D, d.D, p.qkv_weight.data_ptr<float>(), d.D, beta,
-            out + r0 * 3 * d.D, 3 * d.D);
-    });
-  }
+  s.xn1 = full(d.D);
+  s.qkv = full(3 * d.D);  // (R, 3D): q, k, v, each (nh, hd)
+  if (training) s.mean1 = torch::empty({d.R}, options), s.rstd1 = torch::empty({d.R}, options);
+  float *xn1 = s.xn1.data_ptr<float>(), *qkv = s.qkv.data_ptr<float>();
+  float *mean1 = data_or_null(s.mean1), *rstd1 = data_or_null(s.rstd1);
+  run_steps(d.R, plan,
+            {{false,
+              [&](int64_t r0, int64_t r1) {
+                for (int64_t r = r0; r < r1; ++r) {
+                  k.layer_norm_row(xp + r * d.D, d.D, eps, p.norm1_weight.data_ptr<float>(),
+                                   p.norm1_bias.data_ptr<float>(), xn1 + r * d.D, training ? mean1 + r : nullptr,
+                                   training ? rstd1 + r : nullptr);
+                }
+              }},
+             {true, [&](int64_t r0, int64_t r1) {
+                linear_rows(r0, r1, xn1 + r0 * d.D, p.qkv_weight, p.qkv_bias, qkv + r0 * 3 * d.D);
+              }}});
 
-  // Region 2, (image, head) pairs, each split into query-row blocks when there are fewer pairs than twice the
-  // threads (batch 1): scale q k^T, softmax in place, @ v into the head's columns.
-  auto att = torch::empty({d.R, d.D}, options);  // (R, D), heads concatenated
-  torch::Tensor probs;                            // (B, nh, N, N), training only
-  if (saved != nullptr) probs = torch::empty({d.B, d.heads, d.N, d.N}, options);
-  {
-    const int64_t pairs = d.B * d.heads;
-    const int64_t blocks = saved != nullptr ? 1 : std::clamp<int64_t>((2 * at::get_num_threads() + pairs - 1) / pairs, 1, d.N);
-    const int64_t block_rows = (d.N + blocks - 1) / blocks;
-    const float* q_all = qkv.data_ptr<float>();
-    float* out = att.data_ptr<float>();
-    float* probs_p = data_or_null(probs);
-    const int64_t row = 3 * d.D;
-    at::parallel_for(0, pairs * blocks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t pair = i / blocks, first = (i % blocks) * block_rows;
-        if (first >= d.N) continue;
-        const int64_t count = std::min(block_rows, d.N - first);
-        const int64_t b = pair / d.heads, h = pair % d.heads;
-        const float* q = q_all + b * d.N * row + h * d.hd;  // (N, hd), row stride 3D; k at +D, v at +2D
-        float* s = probs_p != nullptr ? probs_p + (pair * d.N + first) * d.N : scratch(0, count * d.N);  // (count, N)
-        float* o = out + (b * d.N + first) * d.D + h * d.hd;
-        if (short_attention_applies(d.N, d.hd)) {
-          k.short_attention(q + first * row, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, count, s, o, d.D,
-                          scratch(1, d.hd * 64));
-          continue;
-        }
-        sgemm('N', 'T', count, d.N, d.hd, scale, q + first * row, row, q + d.D, row, 0.0f, s, d.N);
-        k.softmax_rows(s, count, d.N);
-        sgemm('N', 'N', count, d.hd, d.N, 1.0f, s, d.N, q + 2 * d.D, row, 0.0f, o, d.D);
-      }
-    });
-  }
+  // Region 2: attention.
+  s.att = full(d.D);  // (R, D), heads concatenated
+  if (training) s.probs = torch::empty({d.B, d.heads, d.N, d.N}, options);
+  attention_forward(d, k, scale, s.qkv, s.probs, s.att);
 
-  // Region 3, rows in tiles: proj, the residual add fused with norm2, fc1 with its activation, fc2, the residual.
-  auto out = torch::empty({d.R, d.D}, options);  // (R, D)
-  Saved kept;
-  if (saved != nullptr) {
-    kept.a = torch::empty({d.R, d.D}, options);
-    kept.y = torch::empty({d.R, d.D}, options);
-    kept.xn2 = torch::empty({d.R, d.D}, options);
-    kept.mean2 = torch::empty({d.R}, options);
-    kept.rstd2 = torch::empty({d.R}, options);
-    kept.h = torch::empty({d.R, d.hidden}, options);
-    kept.g = torch::empty({d.R, d.hidden}, options);
-    if (gamma2 != nullptr) kept.m = torch::empty({d.R, d.D}, options);
+  // Region 3, rows: proj, the residual add fused with norm2, fc1, its activation, fc2, the residual. What training
+  // keeps goes to whole tensors; in inference y goes straight into out, the rest into temporaries (the MLP's
+  // output over the spent proj output).
+  auto out = full(d.D);  // (R, D)
+  if (training) {
+    s.a = full(d.D), s.y = full(d.D), s.xn2 = full(d.D), s.h = full(d.hidden), s.g = full(d.hidden);
+    s.mean2 = torch::empty({d.R}, options), s.rstd2 = torch::empty({d.R}, options);
+    if (gamma2 != nullptr) s.m = full(d.D);
   }
-  {
-    const float* att_p = att.data_ptr<float>();
-    float* out_p = out.data_ptr<float>();
-    const bool training = saved != nullptr;
-    for_rows(d.R, [&](int64_t r0, int64_t r1) {
-      const int64_t tile = training ? r1 - r0 : kInferenceTileRows;
-      for (int64_t t0 = r0; t0 < r1; t0 += tile) {
-        const int64_t rows = std::min(tile, r1 - t0);
-        float* a = training ? kept.a.data_ptr<float>() + t0 * d.D : scratch(0, tile * d.D);
-        float beta = bias_rows(data_or_null(p.proj_bias), rows, d.D, a);
-        sgemm('N', 'T', rows, d.D, d.D, 1.0f, att_p + t0 * d.D, d.D, p.proj_weight.data_ptr<float>(), d.D, beta, a,
-              d.D);
-        float* y = training ? kept.y.data_ptr<float>() + t0 * d.D : out_p + t0 * d.D;
-        float* xn2 = training ? kept.xn2.data_ptr<float>() + t0 * d.D : scratch(1, tile * d.D);
-        for (int64_t i = 0; i < rows; ++i) {
-          const int64_t r = t0 + i;
-          k.add_branch_row(xp + r * d.D, a + i * d.D, gamma1, keep_at(keep1, r, d.N), d.D, y + i * d.D);
-          k.layer_norm_row(y + i * d.D, d.D, eps, p.norm2_weight.data_ptr<float>(), p.norm2_bias.data_ptr<float>(),
-                         xn2 + i * d.D, training ? kept.mean2.data_ptr<float>() + r : nullptr,
-                         training ? kept.rstd2.data_ptr<float>() + r : nullptr);
-        }
-        float* h = training ? kept.h.data_ptr<float>() + t0 * d.hidden : scratch(2, tile * d.hidden);
-        beta = bias_rows(data_or_null(p.fc1_bias), rows, d.hidden, h);
-        sgemm('N', 'T', rows, d.hidden, d.D, 1.0f, xn2, d.D, p.fc1_weight.data_ptr<float>(), d.D, beta, h, d.hidden);
-        float* g = training ? kept.g.data_ptr<float>() + t0 * d.hidden : h;
-        activation_forward(h, g, rows * d.hidden, shape.act);
-        // The MLP's output: kept with LayerScale (its gradient needs it), else over the spent proj output.
-        float* m = training && gamma2 != nullptr ? kept.m.data_ptr<float>() + t0 * d.D
-                   : training                    ? scratch(0, rows * d.D)
-                                                 : a;
-        beta = bias_rows(data_or_null(p.fc2_bias), rows, d.D, m);
-        sgemm('N', 'T', rows, d.D, d.hidden, 1.0f, g, d.hidden, p.fc2_weight.data_ptr<float>(), d.hidden, beta, m,
-              d.D);
-        for (int64_t i = 0; i < rows; ++i) {
-          k.add_branch_row(y + i * d.D, m + i * d.D, gamma2, keep_at(keep2, t0 + i, d.N), d.D, out_p + (t0 + i) * d.D);
-        }
-      }
-    });
-  }
-  if (saved != nullptr) {
-    kept.xn1 = xn1, kept.mean1 = mean1, kept.rstd1 = rstd1, kept.qkv = qkv, kept.probs = probs, kept.att = att;
-    *saved = kept;
-  }
+  const Temporary spare(plan, 0, d.R, d.D, options, !training || gamma2 == nullptr);  // a (inference), m
+  const Temporary xn2_temp(plan, 1, d.R, d.D, options, !training), h_temp(plan, 2, d.R, d.hidden, options, !training);
+  const float* att = s.att.data_ptr<float>();
+  float* out_p = out.data_ptr<float>();
+  // Rows [r0, r1) of a kept tensor (training) or of a temporary (inference), starting at row r0.
+  auto rows_of = [&](const torch::Tensor& kept, const Temporary& temp, int64_t r0, int64_t r1) {
+    return training ? kept.data_ptr<float>() + r0 * kept.size(1) : temp.rows(r0, r1);
+  };
+  auto y_rows = [&](int64_t r0) { return training ? s.y.data_ptr<float>() + r0 * d.D : out_p + r0 * d.D; };
+  auto m_rows = [&](int64_t r0, int64_t r1) {
+    return training && gamma2 != nullptr ? s.m.data_ptr<float>() + r0 * d.D : spare.rows(r0, r1);
+  };
+  auto g_rows = [&](int64_t r0, int64_t r1) {
+    return training ? s.g.data_ptr<float>() + r0 * d.hidden : h_temp.rows(r0, r1);  // in place over h
+  };
+  float *mean2 = data_or_null(s.mean2), *rstd2 = data_or_null(s.rstd2);
+  run_steps(
+      d.R, plan,
+      {{true,
+        [&](int64_t r0, int64_t r1) {
+          linear_rows(r0, r1, att + r0 * d.D, p.proj_weight, p.proj_bias, rows_of(s.a, spare, r0, r1));
+        }},
+       {false,
+        [&](int64_t r0, int64_t r1) {
+          const float* a = rows_of(s.a, spare, r0, r1);
+          float *y = y_rows(r0), *xn2 = rows_of(s.xn2, xn2_temp, r0, r1);
+          for (int64_t i = 0; i < r1 - r0; ++i) {
+            const int64_t r = r0 + i;
+            k.add_branch_row(xp + r * d.D, a + i * d.D, gamma1, keep_at(keep1, r, d.N), d.D, y + i * d.D);
+            k.layer_norm_row(y + i * d.D, d.D, eps, p.norm2_weight.data_ptr<float>(), p.norm2_bias.data_ptr<float>(),
+                             xn2 + i * d.D, training ? mean2 + r : nullptr, training ? rstd2 + r : nullptr);
+          }
+        }},
+       {true,
+        [&](int64_t r0, int64_t r1) {
+          linear_rows(r0, r1, rows_of(s.xn2, xn2_temp, r0, r1), p.fc1_weight, p.fc1_bias,
+                      rows_of(s.h, h_temp, r0, r1));
+        }},
+       {true,
+        [&](int64_t r0, int64_t r1) {
+          activation_forward(rows_of(s.h, h_temp, r0, r1), g_rows(r0, r1), (r1 - r0) * d.hidden, shape.act);
+        }},
+       {true,
+        [&](int64_t r0, int64_t r1) {
+          linear_rows(r0, r1, g_rows(r0, r1), p.fc2_weight, p.fc2_bias, m_rows(r0, r1));
+        }},
+       {false, [&](int64_t r0, int64_t r1) {
+          const float *m = m_rows(r0, r1), *y = y_rows(r0);
+          for (int64_t i = 0; i < r1 - r0; ++i) {
+            k.add_branch_row(y + i * d.D, m + i * d.D, gamma2, keep_at(keep2, r0 + i, d.N), d.D,
+                             out_p + (r0 + i) * d.D);
+          }
+        }}});
+  if (training) *saved = s;
   return out;
 }
 
@@ -250,58 +342,118 @@ struct Gradients {
       norm2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, gamma2;
 };
 
+// The backward's region 2: (image, head) pairs, d(attention output) datt (R, D) -> d(qkv) (R, 3D).
+torch::Tensor attention_backward(const Dims& d, const RowKernels& k, float scale, const Saved& s,
+                                 const torch::Tensor& datt) {
+  auto dqkv = torch::empty({d.R, 3 * d.D}, datt.options());  // (R, 3D)
+  const int64_t row = 3 * d.D;
+  const float* q_all = s.qkv.data_ptr<float>();
+  const float* probs = s.probs.data_ptr<float>();
+  const float* datt_p = datt.data_ptr<float>();
+  float* dq_all = dqkv.data_ptr<float>();
+  at::parallel_for(0, d.B * d.heads, 1, [&](int64_t begin, int64_t end) {
+    float* ds = scratch(0, d.N * std::max<int64_t>(d.N, 64));  // (N, N), or (N, 64) for the short kernels
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t b = pair / d.heads, h = pair % d.heads;
+      const float* q = q_all + b * d.N * row + h * d.hd;  // k at +D, v at +2D
+      float* dq = dq_all + b * d.N * row + h * d.hd;
+      const float* prob = probs + pair * d.N * d.N;
+      const float* dhead = datt_p + b * d.N * d.D + h * d.hd;  // (N, hd), row stride D
+      if (short_attention_applies(d.N, d.hd)) {
+        k.short_attention_backward(prob, dhead, d.D, q, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, dq, dq + d.D,
+                                   dq + 2 * d.D, scratch(1, d.hd * 64), ds);
+        continue;
+      }
+      // dv = P^T dout; dP = dout v^T; dS = softmax'; dq = scale dS k; dk = scale dS^T q
+      sgemm('T', 'N', d.N, d.hd, d.N, 1.0f, prob, d.N, dhead, d.D, 0.0f, dq + 2 * d.D, row);
+      sgemm('N', 'T', d.N, d.N, d.hd, 1.0f, dhead, d.D, q + 2 * d.D, row, 0.0f, ds, d.N);
+      k.softmax_backward_rows(prob, ds, d.N, d.N);
+      sgemm('N', 'N', d.N, d.hd, d.N, scale, ds, d.N, q + d.D, row, 0.0f, dq, row);
+      sgemm('T', 'N', d.N, d.hd, d.N, scale, ds, d.N, q, row, 0.0f, dq + d.D, row);
+    }
+  });
+  return dqkv;
+}
+
+// rows (r1 - r0) of dx (.., in_features) = dy (.., out_features) W, both starting at row r0.
+void linear_backward_rows(int64_t r0, int64_t r1, const float* dy, const torch::Tensor& weight, float* dx) {
+  const int64_t out_features = weight.size(0), in_features = weight.size(1);
+  sgemm('N', 'N', r1 - r0, in_features, out_features, 1.0f, dy, out_features, weight.data_ptr<float>(), in_features,
+        0.0f, dx, in_features);
+}
+
 Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const BlockShape& shape,
                         const torch::Tensor& keep1_tensor, const torch::Tensor& keep2_tensor, const Saved& s,
                         const torch::Tensor& grad_out) {
   const auto d = dims_of(x, p, shape.heads);
   const auto options = x.options();
   const RowKernels& k = row_kernels();
+  const Plan plan = plan_for(d, /*training=*/true);
   const float scale = static_cast<float>(shape.scale);
   const float* keep1 = data_or_null(keep1_tensor);
   const float* keep2 = data_or_null(keep2_tensor);
   const float* gamma1 = data_or_null(p.gamma1);
   const float* gamma2 = data_or_null(p.gamma2);
   const float* dout = grad_out.data_ptr<float>();
+  auto full = [&](int64_t width) { return torch::empty({d.R, width}, options); };
 
   Partials dgamma1(d.D, options), dgamma2(d.D, options), dproj_bias(d.D, options), dfc1_bias(d.hidden, options),
       dfc2_bias(d.D, options), dnorm2_w(d.D, options), dnorm2_b(d.D, options), dnorm1_w(d.D, options),
       dnorm1_b(d.D, options), dqkv_bias(3 * d.D, options);
 
   // Region 1, rows: the MLP branch and norm2 back to the residual stream y, then LayerScale and proj back to the
-  // attention's output.
-  auto dm = torch::empty({d.R, d.D}, options);         // d(fc2 output)
-  auto dh = torch::empty({d.R, d.hidden}, options);    // d(fc1 output), before the activation
-  auto dy = torch::empty({d.R, d.D}, options);         // d(y), the residual stream between the branches
-  auto da = torch::empty({d.R, d.D}, options);         // d(proj output)
-  auto datt = torch::empty({d.R, d.D}, options);       // d(attention output), heads concatenated
-  for_rows(d.R, [&](int64_t r0, int64_t r1) {
-    const int64_t rows = r1 - r0;
-    float *dm_p = dm.data_ptr<float>() + r0 * d.D, *dh_p = dh.data_ptr<float>() + r0 * d.hidden;
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t r = r0 + i;
-      k.branch_backward_row(dout + r * d.D, gamma2 ? s.m.data_ptr<float>() + r * d.D : nullptr, gamma2,
-                          keep_at(keep2, r, d.N), d.D, dm_p + i * d.D, gamma2 ? dgamma2.mine() : nullptr,
-                          dfc2_bias.mine());
-    }
-    sgemm('N', 'N', rows, d.hidden, d.D, 1.0f, dm_p, d.D, p.fc2_weight.data_ptr<float>(), d.hidden, 0.0f, dh_p,
-          d.hidden);
-    activation_backward(s.h.data_ptr<float>() + r0 * d.hidden, dh_p, rows * d.hidden, shape.act);
-    float* dfc1_b = dfc1_bias.mine();
-    for (int64_t i = 0; i < rows; ++i) k.add_row(dh_p + i * d.hidden, d.hidden, dfc1_b);
-    float* dxn2 = scratch(0, rows * d.D);
-    sgemm('N', 'N', rows, d.D, d.hidden, 1.0f, dh_p, d.hidden, p.fc1_weight.data_ptr<float>(), d.D, 0.0f, dxn2, d.D);
-    float *dy_p = dy.data_ptr<float>() + r0 * d.D, *da_p = da.data_ptr<float>() + r0 * d.D;
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t r = r0 + i;
-      k.layer_norm_backward_row(dxn2 + i * d.D, s.y.data_ptr<float>() + r * d.D, s.mean2.data_ptr<float>()[r],
-                              s.rstd2.data_ptr<float>()[r], p.norm2_weight.data_ptr<float>(), d.D, dout + r * d.D,
-                              dy_p + i * d.D, dnorm2_w.mine(), dnorm2_b.mine());
-      k.branch_backward_row(dy_p + i * d.D, s.a.data_ptr<float>() + r * d.D, gamma1, keep_at(keep1, r, d.N), d.D,
-                          da_p + i * d.D, gamma1 ? dgamma1.mine() : nullptr, dproj_bias.mine());
-    }
-    sgemm('N', 'N', rows, d.D, d.D, 1.0f, da_p, d.D, p.proj_weight.data_ptr<float>(), d.D, 0.0f,
-          datt.data_ptr<float>() + r0 * d.D, d.D);
-  });
+  // attention's output. The whole-row tensors are what the weight gradients read.
+  auto dm = full(d.D);        // d(fc2 output)
+  auto dh = full(d.hidden);   // d(fc1 output), before the activation
+  auto dy = full(d.D);        // d(y), the residual stream between the branches
+  auto da = full(d.D);        // d(proj output)
+  auto datt = full(d.D);      // d(attention output), heads concatenated
+  const Temporary dxn2(plan, 0, d.R, d.D, options);
+  float *dm_p = dm.data_ptr<float>(), *dh_p = dh.data_ptr<float>(), *dy_p = dy.data_ptr<float>(),
+        *da_p = da.data_ptr<float>();
+  run_steps(
+      d.R, plan,
+      {{false,
+        [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            k.branch_backward_row(dout + r * d.D, gamma2 ? s.m.data_ptr<float>() + r * d.D : nullptr, gamma2,
+                                  keep_at(keep2, r, d.N), d.D, dm_p + r * d.D, gamma2 ? dgamma2.mine() : nullptr,
+                                  dfc2_bias.mine());
+          }
+        }},
+       {true,
+        [&](int64_t r0, int64_t r1) {
+          linear_backward_rows(r0, r1, dm_p + r0 * d.D, p.fc2_weight, dh_p + r0 * d.hidden);
+        }},
+       {true,
+        [&](int64_t r0, int64_t r1) {
+          activation_backward(s.h.data_ptr<float>() + r0 * d.hidden, dh_p + r0 * d.hidden, (r1 - r0) * d.hidden,
+                              shape.act);
+        }},
+       {false,
+        [&](int64_t r0, int64_t r1) {
+          float* dfc1_b = dfc1_bias.mine();
+          for (int64_t r = r0; r < r1; ++r) k.add_row(dh_p + r * d.hidden, d.hidden, dfc1_b);
+        }},
+       {true,
+        [&](int64_t r0, int64_t r1) {
+          linear_backward_rows(r0, r1, dh_p + r0 * d.hidden, p.fc1_weight, dxn2.rows(r0, r1));
+        }},
+       {false,
+        [&](int64_t r0, int64_t r1) {
+          const float* dxn = dxn2.rows(r0, r1);
+          for (int64_t i = 0; i < r1 - r0; ++i) {
+            const int64_t r = r0 + i;
+            k.layer_norm_backward_row(dxn + i * d.D, s.y.data_ptr<float>() + r * d.D, s.mean2.data_ptr<float>()[r],
+                                      s.rstd2.data_ptr<float>()[r], p.norm2_weight.data_ptr<float>(), d.D,
+                                      dout + r * d.D, dy_p + r * d.D, dnorm2_w.mine(), dnorm2_b.mine());
+            k.branch_backward_row(dy_p + r * d.D, s.a.data_ptr<float>() + r * d.D, gamma1, keep_at(keep1, r, d.N),
+                                  d.D, da_p + r * d.D, gamma1 ? dgamma1.mine() : nullptr, dproj_bias.mine());
+          }
+        }},
+       {true, [&](int64_t r0, int64_t r1) {
+          linear_backward_rows(r0, r1, da_p + r0 * d.D, p.proj_weight, datt.data_ptr<float>() + r0 * d.D);
+        }}});
 
   Gradients grads;
   // Weight gradients, whole-batch products on every thread: (out, in) = d(out rows)^T (in rows).
@@ -318,56 +470,35 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
   grads.proj_weight = weight_grad(da, s.att, p.proj_weight);
   dm.reset(), dh.reset(), da.reset();
 
-  // Region 2, (image, head) pairs: the attention core's backward into d(qkv).
-  auto dqkv = torch::empty({d.R, 3 * d.D}, options);  // (R, 3D)
-  {
-    const int64_t row = 3 * d.D;
-    const float* q_all = s.qkv.data_ptr<float>();
-    const float* probs = s.probs.data_ptr<float>();
-    const float* datt_p = datt.data_ptr<float>();
-    float* dq_all = dqkv.data_ptr<float>();
-    at::parallel_for(0, d.B * d.heads, 1, [&](int64_t begin, int64_t end) {
-      float* ds = scratch(0, d.N * std::max<int64_t>(d.N, 64));  // (N, N), or (N, 16 KB) for the short kernels
-      for (int64_t pair = begin; pair < end; ++pair) {
-        const int64_t b = pair / d.heads, h = pair % d.heads;
-        const float* q = q_all + b * d.N * row + h * d.hd;  // k at +D, v at +2D
-        float* dq = dq_all + b * d.N * row + h * d.hd;
-        const float* prob = probs + pair * d.N * d.N;
-        const float* dhead = datt_p + b * d.N * d.D + h * d.hd;  // (N, hd), row stride D
-        if (short_attention_applies(d.N, d.hd)) {
-          k.short_attention_backward(prob, dhead, d.D, q, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, dq, dq + d.D,
-                                   dq + 2 * d.D, scratch(1, d.hd * 64), ds);
-          continue;
-        }
-        // dv = P^T dout; dP = dout v^T; dS = softmax'; dq = scale dS k; dk = scale dS^T q
-        sgemm('T', 'N', d.N, d.hd, d.N, 1.0f, prob, d.N, dhead, d.D, 0.0f, dq + 2 * d.D, row);
-        sgemm('N', 'T', d.N, d.N, d.hd, 1.0f, dhead, d.D, q + 2 * d.D, row, 0.0f, ds, d.N);
-        k.softmax_backward_rows(prob, ds, d.N, d.N);
-        sgemm('N', 'N', d.N, d.hd, d.N, scale, ds, d.N, q + d.D, row, 0.0f, dq, row);
-        sgemm('T', 'N', d.N, d.hd, d.N, scale, ds, d.N, q, row, 0.0f, dq + d.D, row);
-      }
-    });
-  }
+  // Region 2: the attention core's backward.
+  const auto dqkv = attention_backward(d, k, scale, s, datt);
   datt.reset();
   grads.qkv_weight = weight_grad(dqkv, s.xn1, p.qkv_weight);
 
   // Region 3, rows: qkv and norm1 back to x, plus the residual path.
-  auto dx = torch::empty({d.R, d.D}, options);
-  for_rows(d.R, [&](int64_t r0, int64_t r1) {
-    const int64_t rows = r1 - r0;
-    const float* dqkv_p = dqkv.data_ptr<float>() + r0 * 3 * d.D;
-    float* dqkv_b = dqkv_bias.mine();
-    for (int64_t i = 0; i < rows; ++i) k.add_row(dqkv_p + i * 3 * d.D, 3 * d.D, dqkv_b);
-    float* dxn1 = scratch(0, rows * d.D);
-    sgemm('N', 'N', rows, d.D, 3 * d.D, 1.0f, dqkv_p, 3 * d.D, p.qkv_weight.data_ptr<float>(), d.D, 0.0f, dxn1, d.D);
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t r = r0 + i;
-      k.layer_norm_backward_row(dxn1 + i * d.D, x.data_ptr<float>() + r * d.D, s.mean1.data_ptr<float>()[r],
-                              s.rstd1.data_ptr<float>()[r], p.norm1_weight.data_ptr<float>(), d.D,
-                              dy.data_ptr<float>() + r * d.D, dx.data_ptr<float>() + r * d.D, dnorm1_w.mine(),
-                              dnorm1_b.mine());
-    }
-  });
+  auto dx = full(d.D);
+  const Temporary dxn1(plan, 0, d.R, d.D, options);
+  const float* dqkv_p = dqkv.data_ptr<float>();
+  run_steps(d.R, plan,
+            {{false,
+              [&](int64_t r0, int64_t r1) {
+                float* dqkv_b = dqkv_bias.mine();
+                for (int64_t r = r0; r < r1; ++r) k.add_row(dqkv_p + r * 3 * d.D, 3 * d.D, dqkv_b);
+              }},
+             {true,
+              [&](int64_t r0, int64_t r1) {
+                linear_backward_rows(r0, r1, dqkv_p + r0 * 3 * d.D, p.qkv_weight, dxn1.rows(r0, r1));
+              }},
+             {false, [&](int64_t r0, int64_t r1) {
+                const float* dxn = dxn1.rows(r0, r1);
+                for (int64_t i = 0; i < r1 - r0; ++i) {
+                  const int64_t r = r0 + i;
+                  k.layer_norm_backward_row(dxn + i * d.D, x.data_ptr<float>() + r * d.D,
+                                            s.mean1.data_ptr<float>()[r], s.rstd1.data_ptr<float>()[r],
+                                            p.norm1_weight.data_ptr<float>(), d.D, dy_p + r * d.D,
+                                            dx.data_ptr<float>() + r * d.D, dnorm1_w.mine(), dnorm1_b.mine());
+                }
+              }}});
 
   grads.x = dx.view(x.sizes());
   grads.norm1_weight = dnorm1_w.total(), grads.norm1_bias = dnorm1_b.total();

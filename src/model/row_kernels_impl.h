@@ -38,6 +38,34 @@ VIT_INLINE float exp_nonpositive(float x) {
   return e * __builtin_bit_cast(float, bits);
 }
 
+// The unit's native vector: 16 floats with AVX-512, 8 with AVX2, 4 at the SSE2 baseline (row_kernels*.cpp say).
+constexpr int W = VIT_VECTOR_FLOATS;
+typedef float vec __attribute__((vector_size(4 * W), aligned(4)));  // unaligned loads and stores
+
+typedef int32_t ivec __attribute__((vector_size(4 * W)));
+
+VIT_INLINE vec loadv(const float* p) { return *reinterpret_cast<const vec*>(p); }
+VIT_INLINE void storev(float* p, vec x) { *reinterpret_cast<vec*>(p) = x; }
+
+// exp_nonpositive on a whole vector (the compiler does not vectorize a loop over an array written as vectors).
+VIT_INLINE vec exp_nonpositive(vec x) {
+  x = x < -87.3f ? vec{} - 87.3f : x;
+  const vec y = x * 1.44269504088896341f + 0.5f;
+  vec n = __builtin_convertvector(__builtin_convertvector(y, ivec), vec);  // truncation toward zero
+  n = n > y ? n - 1.0f : n;                                              // floor
+  vec r = x - n * 0.693359375f;
+  r -= n * -2.12194440e-4f;
+  vec p = vec{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const vec e = p * r * r + r + 1.0f;
+  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;  // 2^n
+  return e * reinterpret_cast<const vec&>(bits);
+}
+
 // out = (x - mean) rstd w + b over one row of D; mean and rstd are kept where asked (training).
 void layer_norm_row(const float* x, int64_t D, float eps, const float* w, const float* b, float* out,
                                float* mean_out, float* rstd_out) {
@@ -108,21 +136,26 @@ void add_row(const float* src, int64_t n, float* acc) {
   for (int64_t j = 0; j < n; ++j) acc[j] += src[j];
 }
 
-// Softmax over each of rows rows of cols, in place.
+// Softmax over each of rows rows of cols, in place; the exp on whole vectors (W at a time), the tail one by one.
 void softmax_rows(float* s, int64_t rows, int64_t cols) {
   for (int64_t i = 0; i < rows; ++i) {
     float* row = s + i * cols;
     float max = row[0];
 #pragma omp simd reduction(max : max)
     for (int64_t j = 0; j < cols; ++j) max = std::max(max, row[j]);
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) row[j] = exp_nonpositive(row[j] - max);  // apart from the sum: it vectorizes
+    vec sums = {};
+    int64_t j = 0;
+    for (; j + W <= cols; j += W) {
+      const vec e = exp_nonpositive(loadv(row + j) - max);
+      storev(row + j, e);
+      sums += e;
+    }
     float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < cols; ++j) sum += row[j];
+    for (; j < cols; ++j) sum += row[j] = exp_nonpositive(row[j] - max);
+    for (int l = 0; l < W; ++l) sum += sums[l];
     const float inverse = 1.0f / sum;
 #pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) row[j] *= inverse;
+    for (int64_t c = 0; c < cols; ++c) row[c] *= inverse;
   }
 }
 
@@ -144,34 +177,6 @@ void softmax_backward_rows(const float* p, float* dp, int64_t rows, int64_t cols
 // head) pairs per block, four products each in the backward). These kernels keep a query row's scores and the
 // accumulators of its output in registers instead: keys padded to KB blocks of 16, the head dimension HB blocks of
 // 16, both fixed at compile time. q, k, v are (N, hd) row blocks with row stride `row` (3D: read in place from qkv).
-// The unit's native vector: 16 floats with AVX-512, 8 with AVX2, 4 at the SSE2 baseline (row_kernels*.cpp say).
-constexpr int W = VIT_VECTOR_FLOATS;
-typedef float vec __attribute__((vector_size(4 * W), aligned(4)));  // unaligned loads and stores
-
-typedef int32_t ivec __attribute__((vector_size(4 * W)));
-
-VIT_INLINE vec loadv(const float* p) { return *reinterpret_cast<const vec*>(p); }
-VIT_INLINE void storev(float* p, vec x) { *reinterpret_cast<vec*>(p) = x; }
-
-// exp_nonpositive on a whole vector (the compiler does not vectorize a loop over an array written as vectors).
-VIT_INLINE vec exp_nonpositive(vec x) {
-  x = x < -87.3f ? vec{} - 87.3f : x;
-  const vec y = x * 1.44269504088896341f + 0.5f;
-  vec n = __builtin_convertvector(__builtin_convertvector(y, ivec), vec);  // truncation toward zero
-  n = n > y ? n - 1.0f : n;                                              // floor
-  vec r = x - n * 0.693359375f;
-  r -= n * -2.12194440e-4f;
-  vec p = vec{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const vec e = p * r * r + r + 1.0f;
-  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;  // 2^n
-  return e * reinterpret_cast<const vec&>(bits);
-}
-
 // dst (hd, 16 KB) = src (N, hd; row stride row) transposed, zero past N.
 template <int KB>
 VIT_INLINE void transpose_padded(const float* src, int64_t row, int64_t N, int64_t hd, float* dst) {
