@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "model/cpu_kernels.h"
 #include "model/vit.h"
 #include "test_util.h"
 #include "train/optimizer.h"
@@ -109,9 +110,13 @@ TEST(Sdpa, ForwardAndGradientsMatchExplicitPath) {
     if (!c.rel_pos_bias) {
       EXPECT_TRUE(any_contains(nodes, "ScaledDotProduct")) << "a boolean or no mask should take a fused kernel";
     }
-    // The default (training, predict, evaluate, bench) is SDPA too.
+    // The default (training, predict, evaluate, bench) on the CPU is the fused block (model/fused_block.h), which
+    // runs the whole block as one node; with it off, SDPA.
     if (!c.rel_pos_bias && !c.padding_mask) {
       auto automatic = twin(source, AttentionKernel::automatic);
+      EXPECT_TRUE(any_contains(graph_nodes(forward(automatic)),
+                               cpu_kernels_available() ? "BlockFunction" : "ScaledDotProduct"));
+      automatic->set_fused_blocks(false);
       EXPECT_TRUE(any_contains(graph_nodes(forward(automatic)), "ScaledDotProduct"));
     }
 

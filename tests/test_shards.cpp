@@ -423,5 +423,38 @@ TEST(ShardTraining, DataBenchTimesTheInputPipelinePerWorkerCount) {
   }
 }
 
+// The input-pipeline bench reads only the training split: shards without val_shards, and a folder of class folders
+// with no val/ and no val_fraction, both bench; training on that folder is still refused, naming what is missing.
+TEST(ShardTraining, DataBenchNeedsNoValidationData) {
+  TempDir dir;
+  auto doc = json::parse(std::ifstream(write_shard_config(dir)));
+  doc["data"].erase("val_shards");
+  const std::string shards_config = dir / "shards_only.json";
+  std::ofstream(shards_config) << doc.dump(2);
+  const auto shards = test::run_vit("bench --mode data --config '" + shards_config +
+                                    "' --workers 1 --batch-size 16 --warmup 2 --json");
+  ASSERT_EQ(shards.status, 0) << shards.errors;
+  EXPECT_EQ(json::parse(shards.output)["images"], (12 - 2) * 16);
+
+  for (int label = 0; label < 4; ++label) {
+    const std::string folder = dir / ("images/class" + std::to_string(label));
+    std::filesystem::create_directories(folder);
+    for (int i = 0; i < 10; ++i) {
+      cv::Mat image(32, 32, CV_8UC3, cv::Scalar(40 * label, 20, 20 * i));
+      cv::imwrite(folder + "/" + std::to_string(i) + ".png", image);
+    }
+  }
+  doc["data"] = {{"format", "folder"}, {"root", dir / "images"}, {"num_workers", 1}};
+  const std::string folder_config = dir / "folder_only.json";
+  std::ofstream(folder_config) << doc.dump(2);
+  const auto folder = test::run_vit("bench --mode data --config '" + folder_config +
+                                    "' --workers 1 --batch-size 8 --warmup 1 --json");
+  ASSERT_EQ(folder.status, 0) << folder.errors;
+  EXPECT_EQ(json::parse(folder.output)["images"], (40 / 8 - 1) * 8);
+  const auto train = test::run_vit("train --config '" + folder_config + "' --out '" + dir / "run" + "'");
+  EXPECT_NE(train.status, 0);
+  EXPECT_NE(train.errors.find("no training folder"), std::string::npos) << train.errors;
+}
+
 }  // namespace
 }  // namespace vit

@@ -18,7 +18,8 @@ std::vector<DataBenchRow> run_data_bench(const Config& config, std::shared_ptr<c
                                 std::to_string(options.warmup_batches) + " batches must be positive (the clock " +
                                 "starts at the end of the warm-up)");
   }
-  const Splits splits = open_datasets(config.data, config.train.seed, codec);
+  // Only the training split is read: a folder without validation data benches as well.
+  const Splits splits = open_datasets(config.data, config.train.seed, codec, SplitsWanted::train_only);
   const SampleTransform transform = make_train_transform(config.data, config.model, std::move(raw_augment));
   const BatchTransform mix =
       make_mix_transform(config.data.augment, config.model.num_classes, config.train.label_smoothing);

@@ -637,8 +637,9 @@ std::string default_root(const DataConfig& config, const std::string& fallback) 
 }
 
 // The base splits before val_fraction / subsets; val or test may be null where the format has none.
-Splits open_base(const DataConfig& config, const std::shared_ptr<const ImageCodec>& codec) {
+Splits open_base(const DataConfig& config, const std::shared_ptr<const ImageCodec>& codec, SplitsWanted wanted) {
   Splits splits;
+  const bool train_only = wanted == SplitsWanted::train_only;
   const DataFormat format = config.format;
   if (format == DataFormat::mnist || format == DataFormat::fashion_mnist) {
     const bool fashion = format == DataFormat::fashion_mnist;
@@ -685,8 +686,8 @@ Splits open_base(const DataConfig& config, const std::shared_ptr<const ImageCode
       const std::string candidate = under_root("train");
       if (!candidate.empty() && stdfs::is_directory(candidate)) {
         train_dir = candidate;
-      } else if (config.val_fraction > 0 && !root.empty()) {
-        train_dir = root;  // root/<class>/... with the validation part held out
+      } else if ((config.val_fraction > 0 || train_only) && !root.empty()) {
+        train_dir = root;  // root/<class>/..., with the validation part held out unless only training is wanted
       } else {
         throw std::runtime_error("data.format \"folder\": no training folder (" +
                                  (root.empty() ? std::string("data.root is empty") : candidate + " not found") +
@@ -707,7 +708,7 @@ Splits open_base(const DataConfig& config, const std::shared_ptr<const ImageCode
     } else {
       splits.test = splits.val;
     }
-    if (!splits.val && config.val_fraction <= 0) {
+    if (!splits.val && config.val_fraction <= 0 && !train_only) {
       throw std::runtime_error("data.format \"folder\": no validation folder (" +
                                (root.empty() ? std::string("data.root is empty") : under_root("val") + " not found") +
                                "); set data.val_dir, or data.val_fraction to hold out part of the training set");
@@ -715,12 +716,14 @@ Splits open_base(const DataConfig& config, const std::shared_ptr<const ImageCode
   } else if (format == DataFormat::wds) {
     require_codec(config, codec);
     if (config.train_shards.empty()) throw std::runtime_error("data.format \"wds\" needs data.train_shards");
-    if (config.val_shards.empty()) throw std::runtime_error("data.format \"wds\" needs data.val_shards");
+    if (config.val_shards.empty() && !train_only) {
+      throw std::runtime_error("data.format \"wds\" needs data.val_shards");
+    }
 #if VIT_WITH_LIBARCHIVE
     const ShardOptions options{config.shuffle_buffer, config.label_field};
     const auto train = open_shards(config.train_shards, options, codec, nullptr);
     splits.train = train;
-    splits.val = open_shards(config.val_shards, options, codec, train.get());
+    if (!config.val_shards.empty()) splits.val = open_shards(config.val_shards, options, codec, train.get());
     splits.test = config.test_shards.empty() ? splits.val : open_shards(config.test_shards, options, codec, train.get());
 #else
     throw std::runtime_error("data.format \"wds\" reads tar shards, but this vit was built without libarchive");
@@ -737,7 +740,7 @@ Splits open_base(const DataConfig& config, const std::shared_ptr<const ImageCode
     } else {
       splits.test = splits.val;
     }
-    if (!splits.val && config.val_fraction <= 0) {
+    if (!splits.val && config.val_fraction <= 0 && !train_only) {
       throw std::runtime_error("data.format \"csv\" needs data.val_csv, or data.val_fraction to hold out part of "
                                "the training set");
     }
@@ -748,7 +751,7 @@ Splits open_base(const DataConfig& config, const std::shared_ptr<const ImageCode
 // The first `count` of a seed-shuffled order, back in dataset order.
 std::shared_ptr<const Dataset> take_subset(const std::shared_ptr<const Dataset>& dataset, int64_t count,
                                            uint64_t seed) {
-  if (count <= 0 || count >= dataset->size()) return dataset;
+  if (!dataset || count <= 0 || count >= dataset->size()) return dataset;
   std::vector<int64_t> order = seeded_permutation(dataset->size(), seed);
   order.resize(count);
   std::sort(order.begin(), order.end());
@@ -835,7 +838,8 @@ std::shared_ptr<const Dataset> subset(std::shared_ptr<const Dataset> parent, std
   return std::make_shared<SubsetDataset>(std::move(parent), std::move(indices));
 }
 
-Splits open_datasets(const DataConfig& config, uint64_t seed, const std::shared_ptr<const ImageCodec>& codec) {
+Splits open_datasets(const DataConfig& config, uint64_t seed, const std::shared_ptr<const ImageCodec>& codec,
+                     SplitsWanted wanted) {
   if (!(config.val_fraction >= 0.0 && config.val_fraction < 1.0)) {
     throw std::invalid_argument("data.val_fraction " + std::to_string(config.val_fraction) + " is outside [0, 1)");
   }
@@ -852,7 +856,7 @@ Splits open_datasets(const DataConfig& config, uint64_t seed, const std::shared_
                                   "stream, not by index): write the split or subset as shards of its own");
     }
   }
-  Splits splits = open_base(config, codec);
+  Splits splits = open_base(config, codec, wanted);
   if (!config.classes.empty()) {
     const std::vector<int64_t> chosen = resolve_classes(config.classes, splits.train->class_names());
     // val and test often share one dataset object: select once, so they still do.

@@ -107,6 +107,10 @@ struct Splits {
 // split, relabelled 0..n-1 in the listed order. After the val split, train_per_class > 0 keeps at most N training
 // samples of each class, and train_subset / val_subset > 0 keep the first N of a seed-shuffled order (kept in dataset
 // order afterwards). Splits never change with anything but the seed.
-Splits open_datasets(const DataConfig& config, uint64_t seed, const std::shared_ptr<const ImageCodec>& codec);
+// SplitsWanted::train_only (the input-pipeline bench): val and test may be absent, so a folder of class folders, a
+// shard list or a CSV without validation data opens; a folder root without a train/ folder is the training set.
+enum class SplitsWanted { all, train_only };
+Splits open_datasets(const DataConfig& config, uint64_t seed, const std::shared_ptr<const ImageCodec>& codec,
+                     SplitsWanted wanted = SplitsWanted::all);
 
 }  // namespace vit

@@ -63,7 +63,7 @@ VIT_INLINE vec exp_nonpositive(vec x) {
   p = p * r + 5.0000001201e-1f;
   const vec e = p * r * r + r + 1.0f;
   const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;  // 2^n
-  return e * reinterpret_cast<const vec&>(bits);
+  return e * __builtin_bit_cast(vec, bits);
 }
 
 // out = (x - mean) rstd w + b over one row of D; mean and rstd are kept where asked (training).

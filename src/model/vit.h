@@ -73,7 +73,8 @@ torch::Tensor relative_position_index(int64_t trained_h, int64_t trained_w, int6
 // for (export-attention, Capture::attention), the explicit path always runs: fused kernels never materialise them.
 enum class AttentionKernel {
   automatic,         // sdpa on LibTorch >= 2; before it, the CPU core kernel (model/cpu_kernels.h) where it applies,
-                     // else explicit
+                     // else explicit. On the CPU in float32 the fused block (model/fused_block.h) takes the whole
+                     // block where it covers the options (BlockImpl::forward)
   sdpa,              // at::scaled_dot_product_attention (flash / memory-efficient / math); LibTorch >= 2 only
   explicit_softmax,  // q k^T, softmax, @ v written out, as timm's fused_attn=False: the reference for the others
 };
