@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "model/cpu_kernels.h"
@@ -567,8 +569,18 @@ bool cpu_float(const torch::Tensor& t) { return t.is_cpu() && t.scalar_type() ==
 
 }  // namespace
 
+bool fused_block_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("VIT_FUSED_BLOCK");
+    return value == nullptr || std::string(value) != "0";
+  }();
+  return enabled;
+}
+
 bool fused_block_applies(const torch::Tensor& x, const BlockParameters& p) {
-  if (!cpu_kernels_available() || !cpu_float(x) || x.dim() != 3 || x.numel() == 0) return false;
+  if (!fused_block_enabled() || !cpu_kernels_available() || !cpu_float(x) || x.dim() != 3 || x.numel() == 0) {
+    return false;
+  }
   for (const auto* t : {&p.norm1_weight, &p.norm1_bias, &p.qkv_weight, &p.proj_weight, &p.proj_bias, &p.norm2_weight,
                         &p.norm2_bias, &p.fc1_weight, &p.fc1_bias, &p.fc2_weight, &p.fc2_bias}) {
     if (!t->defined() || !cpu_float(*t)) return false;

@@ -36,8 +36,11 @@ struct BlockShape {
   Activation act = Activation::gelu;
 };
 
-// True when fused_block can run x (CPU float32 (B, N, D), non-empty) with these parameters (all CPU float32) and
-// the CPU kernels are available (model/cpu_kernels.h; VIT_CPU_KERNELS=aten turns them off).
+// False when the environment says VIT_FUSED_BLOCK=0 (every block then runs operator by operator, for comparisons).
+bool fused_block_enabled();
+
+// True when fused_block can run x (CPU float32 (B, N, D), non-empty) with these parameters (all CPU float32), the
+// CPU kernels are available (model/cpu_kernels.h; VIT_CPU_KERNELS=aten turns them off) and fused_block_enabled().
 bool fused_block_applies(const torch::Tensor& x, const BlockParameters& parameters);
 
 // y = x + keep1 * gamma1 * attn(norm1(x)); out = y + keep2 * gamma2 * mlp(norm2(y)), as timm's Block. keep1, keep2:
