@@ -6,7 +6,9 @@
 Writes ViT-Ti/16 and ViT-B/16 model files with random weights under timm's names (scripts/bench_pytorch.py's
 model), and photo-sized JPEGs (500x375, smooth colour fields plus noise; Python's PIL), then reports the median
 wall time and peak resident memory of `vit predict one.jpg` per model, and img/s and busy cores of `vit predict`
-over the folder of JPEGs with ViT-Ti/16.
+over the folder of JPEGs with ViT-Ti/16, alternating with the same folder classified timm's way
+(scripts/predict_timm.py: create_model, its eval transform, a DataLoader with PIL, 0 and 2 workers; the better of
+the two is the ratio's other side).
 """
 import argparse
 import json
@@ -109,12 +111,28 @@ def main():
             rows.append(f"| `vit predict one.jpg`, {label} | {statistics.median(r[0] for r in single):.2f} s "
                         f"| {statistics.median(r[2] for r in single):.0f} MiB | |")
             if preset == "vit_tiny_patch16_224":
-                folder = [run(base + [f"{work}/images"]) for _ in range(args.repeats)]
+                timm_side = lambda workers: [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                          "predict_timm.py"),
+                                             "--model", preset, "--weights", model, "--folder", f"{work}/images",
+                                             "--workers", str(workers), "--threads", str(args.threads)]
+                folder, timm_runs = [], {0: [], 2: []}
+                for _ in range(args.repeats):  # alternating, so that drift in machine load hits both sides
+                    folder.append(run(base + [f"{work}/images"]))
+                    for workers in timm_runs:
+                        timm_runs[workers].append(run(timm_side(workers)))
                 wall = statistics.median(r[0] for r in folder)
                 busy = statistics.median(r[1] / r[0] for r in folder)
                 rows.append(f"| `vit predict` {args.images} JPEGs (500x375), {label} | {wall:.2f} s "
                             f"({args.images / wall:.1f} img/s) | {statistics.median(r[2] for r in folder):.0f} MiB "
                             f"| {busy:.2f} |")
+                for workers, runs in timm_runs.items():
+                    timm_wall = statistics.median(r[0] for r in runs)
+                    rows.append(f"| timm's way, {workers} DataLoader workers, same folder and weights | "
+                                f"{timm_wall:.2f} s ({args.images / timm_wall:.1f} img/s) | "
+                                f"{statistics.median(r[2] for r in runs):.0f} MiB "
+                                f"| {statistics.median(r[1] / r[0] for r in runs):.2f} |")
+                best = min(statistics.median(r[0] for r in runs) for runs in timm_runs.values())
+                ratio = f"vit predict / timm's way (its better worker count): {best / wall:.2f}x the images per second"
         startup = [run([args.vit, "--version"]) for _ in range(args.repeats)]
 
     print(f"\nWhole processes, medians of {args.repeats} runs (output discarded):\n")
@@ -124,6 +142,7 @@ def main():
           f"| {statistics.median(r[2] for r in startup):.0f} MiB | |")
     for row in rows:
         print(row)
+    print(f"\n{ratio} (goal: at least 1.5x)")
 
 
 if __name__ == "__main__":
