@@ -2,10 +2,10 @@
 // instruction sets by what this CPU has (model/row_kernels.h).
 #define VIT_ROW_KERNELS_ISA baseline
 #define VIT_VECTOR_FLOATS 4
-#include "model/row_kernels_impl.h"
-
 #include <cstdlib>
 #include <string>
+
+#include "model/row_kernels_impl.h"
 
 namespace vit {
 #if VIT_ROW_KERNELS_X86

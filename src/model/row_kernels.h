@@ -25,8 +25,7 @@ struct RowKernels {
   void (*layer_norm_backward_row)(const float* dout, const float* x, float mean, float rstd, const float* w, int64_t D,
                                   const float* base, float* dx, float* dw, float* db);
   // out = base + branch gamma keep (gamma null without LayerScale): a residual add behind LayerScale and drop path.
-  void (*add_branch_row)(const float* base, const float* branch, const float* gamma, float keep, int64_t D,
-                         float* out);
+  void (*add_branch_row)(const float* base, const float* branch, const float* gamma, float keep, int64_t D, float* out);
   // add_branch_row's backward towards the branch: dbranch = dout gamma keep; dgamma += dout keep branch (unless
   // null); dbias += dbranch.
   void (*branch_backward_row)(const float* dout, const float* branch, const float* gamma, float keep, int64_t D,

@@ -52,7 +52,7 @@ VIT_INLINE vec exp_nonpositive(vec x) {
   x = x < -87.3f ? vec{} - 87.3f : x;
   const vec y = x * 1.44269504088896341f + 0.5f;
   vec n = __builtin_convertvector(__builtin_convertvector(y, ivec), vec);  // truncation toward zero
-  n = n > y ? n - 1.0f : n;                                              // floor
+  n = n > y ? n - 1.0f : n;                                                // floor
   vec r = x - n * 0.693359375f;
   r -= n * -2.12194440e-4f;
   vec p = vec{} + 1.9875691500e-4f;
@@ -67,8 +67,8 @@ VIT_INLINE vec exp_nonpositive(vec x) {
 }
 
 // out = (x - mean) rstd w + b over one row of D; mean and rstd are kept where asked (training).
-void layer_norm_row(const float* x, int64_t D, float eps, const float* w, const float* b, float* out,
-                               float* mean_out, float* rstd_out) {
+void layer_norm_row(const float* x, int64_t D, float eps, const float* w, const float* b, float* out, float* mean_out,
+                    float* rstd_out) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < D; ++j) sum += x[j];
@@ -83,8 +83,7 @@ void layer_norm_row(const float* x, int64_t D, float eps, const float* w, const 
 }
 
 // out = base + branch gamma keep (gamma null without LayerScale): a residual add behind LayerScale and drop path.
-void add_branch_row(const float* base, const float* branch, const float* gamma, float keep, int64_t D,
-                               float* out) {
+void add_branch_row(const float* base, const float* branch, const float* gamma, float keep, int64_t D, float* out) {
   if (gamma != nullptr) {
 #pragma omp simd
     for (int64_t j = 0; j < D; ++j) out[j] = base[j] + branch[j] * gamma[j] * keep;
@@ -97,7 +96,7 @@ void add_branch_row(const float* base, const float* branch, const float* gamma, 
 // The backward of add_branch_row towards the branch: dbranch = dout gamma keep; dgamma += dout keep branch;
 // dbias += dbranch (the branch's last bias).
 void branch_backward_row(const float* dout, const float* branch, const float* gamma, float keep, int64_t D,
-                                    float* dbranch, float* dgamma, float* dbias) {
+                         float* dbranch, float* dgamma, float* dbias) {
 #pragma omp simd
   for (int64_t j = 0; j < D; ++j) {
     dbranch[j] = gamma != nullptr ? dout[j] * gamma[j] * keep : dout[j] * keep;
@@ -111,8 +110,8 @@ void branch_backward_row(const float* dout, const float* branch, const float* ga
 
 // Layer norm's backward over one row: dx = base + rstd (g - mean(g) - xhat mean(g xhat)) with g = dout w and
 // xhat = (x - mean) rstd; dw += dout xhat, db += dout.
-void layer_norm_backward_row(const float* dout, const float* x, float mean, float rstd, const float* w,
-                                        int64_t D, const float* base, float* dx, float* dw, float* db) {
+void layer_norm_backward_row(const float* dout, const float* x, float mean, float rstd, const float* w, int64_t D,
+                             const float* base, float* dx, float* dw, float* db) {
   float sum_g = 0.0f, sum_g_xhat = 0.0f;
 #pragma omp simd reduction(+ : sum_g, sum_g_xhat)
   for (int64_t j = 0; j < D; ++j) {
@@ -187,12 +186,24 @@ VIT_INLINE void transpose_padded(const float* src, int64_t row, int64_t N, int64
   }
 }
 
+// out (16 HB floats) = sum over n < count of weights[n * weight_stride] * rows[n * row_stride], in registers: the
+// shape of p v, P^T dO, dS k and dS^T q.
+template <int HB>
+VIT_INLINE void weighted_rows(const float* weights, int64_t weight_stride, const float* rows, int64_t row_stride,
+                              int64_t count, float* out) {
+  vec acc[HB * 16 / W] = {};
+  for (int64_t n = 0; n < count; ++n) {
+    const float weight = weights[n * weight_stride];
+    for (int b = 0; b < HB * 16 / W; ++b) acc[b] += weight * loadv(rows + n * row_stride + W * b);
+  }
+  for (int b = 0; b < HB * 16 / W; ++b) storev(out + W * b, acc[b]);
+}
+
 // For count query rows: probabilities p (count, N) = softmax((scale q) k^T), out (count, hd; row stride ld) = p v.
 // kT: scratch (hd, 16 KB).
 template <int KB, int HB>
-VIT_INLINE void short_attention_rows(const float* q, const float* k, const float* v,
-                                                                int64_t row, int64_t N, float scale, int64_t count,
-                                                                float* p, float* out, int64_t ld, float* kT) {
+VIT_INLINE void short_attention_rows(const float* q, const float* k, const float* v, int64_t row, int64_t N,
+                                     float scale, int64_t count, float* p, float* out, int64_t ld, float* kT) {
   constexpr int hd = 16 * HB, keys = 16 * KB;
   transpose_padded<KB>(k, row, N, hd, kT);
   for (int64_t i = 0; i < count; ++i) {
@@ -219,31 +230,18 @@ VIT_INLINE void short_attention_rows(const float* q, const float* k, const float
     float scores[keys];
     for (int b = 0; b < KB * 16 / W; ++b) storev(scores + W * b, acc[b] * inverse);
     std::copy(scores, scores + N, p + i * N);
-    vec o[HB * 16 / W] = {};
-    for (int64_t j = 0; j < N; ++j) {
-      for (int b = 0; b < HB * 16 / W; ++b) o[b] += scores[j] * loadv(v + j * row + W * b);
-    }
-    for (int b = 0; b < HB * 16 / W; ++b) storev(out + i * ld + W * b, o[b]);
+    weighted_rows<HB>(scores, 1, v, row, N, out + i * ld);
   }
 }
 
 // The backward of one head: dO (N, hd; row stride ld) -> dq, dk, dv (N, hd; row stride row), P (N, N) the saved
 // probabilities. Scratch: vT (hd, 16 KB), ds (N, 16 KB).
 template <int KB, int HB>
-VIT_INLINE void short_attention_backward_rows(const float* P, const float* dO, int64_t ld,
-                                                                         const float* q, const float* k,
-                                                                         const float* v, int64_t row, int64_t N,
-                                                                         float scale, float* dq, float* dk, float* dv,
-                                                                         float* vT, float* ds) {
+VIT_INLINE void short_attention_backward_rows(const float* P, const float* dO, int64_t ld, const float* q,
+                                              const float* k, const float* v, int64_t row, int64_t N, float scale,
+                                              float* dq, float* dk, float* dv, float* vT, float* ds) {
   constexpr int hd = 16 * HB, keys = 16 * KB;
-  for (int64_t j = 0; j < N; ++j) {  // dv_j = sum_i P_ij dO_i
-    vec acc[HB * 16 / W] = {};
-    for (int64_t i = 0; i < N; ++i) {
-      const float pij = P[i * N + j];
-      for (int b = 0; b < HB * 16 / W; ++b) acc[b] += pij * loadv(dO + i * ld + W * b);
-    }
-    for (int b = 0; b < HB * 16 / W; ++b) storev(dv + j * row + W * b, acc[b]);
-  }
+  for (int64_t j = 0; j < N; ++j) weighted_rows<HB>(P + j, N, dO, ld, N, dv + j * row);  // dv_j = sum_i P_ij dO_i
   transpose_padded<KB>(v, row, N, hd, vT);
   for (int64_t i = 0; i < N; ++i) {  // dP_i = dO_i v^T; dS_i = P_i (dP_i - P_i . dP_i)
     vec acc[KB * 16 / W] = {};
@@ -260,54 +258,65 @@ VIT_INLINE void short_attention_backward_rows(const float* P, const float* dO, i
 #pragma omp simd
     for (int64_t j = 0; j < N; ++j) di[j] = scale * pi[j] * (di[j] - dot);  // scale folded in: dq, dk need it
   }
-  for (int64_t i = 0; i < N; ++i) {  // dq_i = scale sum_j dS_ij k_j
-    vec acc[HB * 16 / W] = {};
-    for (int64_t j = 0; j < N; ++j) {
-      const float sij = ds[i * keys + j];
-      for (int b = 0; b < HB * 16 / W; ++b) acc[b] += sij * loadv(k + j * row + W * b);
-    }
-    for (int b = 0; b < HB * 16 / W; ++b) storev(dq + i * row + W * b, acc[b]);
-  }
-  for (int64_t j = 0; j < N; ++j) {  // dk_j = scale sum_i dS_ij q_i
-    vec acc[HB * 16 / W] = {};
-    for (int64_t i = 0; i < N; ++i) {
-      const float sij = ds[i * keys + j];
-      for (int b = 0; b < HB * 16 / W; ++b) acc[b] += sij * loadv(q + i * row + W * b);
-    }
-    for (int b = 0; b < HB * 16 / W; ++b) storev(dk + j * row + W * b, acc[b]);
-  }
+  for (int64_t i = 0; i < N; ++i)
+    weighted_rows<HB>(ds + i * keys, 1, k, row, N, dq + i * row);                            // scale sum_j dS_ij k_j
+  for (int64_t j = 0; j < N; ++j) weighted_rows<HB>(ds + j, keys, q, row, N, dk + j * row);  // scale sum_i dS_ij q_i
 }
 
-// Calls body.template operator()<KB, HB>() for N tokens and head dimension hd (short_attention_applies).
-#define VIT_SHORT_ATTENTION_DISPATCH(N, hd, CALL)                   \
-  switch (((N) + 15) / 16 * 8 + (hd) / 16) {                        \
-    case 1 * 8 + 1: CALL(1, 1); break;                              \
-    case 1 * 8 + 2: CALL(1, 2); break;                              \
-    case 1 * 8 + 4: CALL(1, 4); break;                              \
-    case 2 * 8 + 1: CALL(2, 1); break;                              \
-    case 2 * 8 + 2: CALL(2, 2); break;                              \
-    case 2 * 8 + 4: CALL(2, 4); break;                              \
-    case 3 * 8 + 1: CALL(3, 1); break;                              \
-    case 3 * 8 + 2: CALL(3, 2); break;                              \
-    case 3 * 8 + 4: CALL(3, 4); break;                              \
-    case 4 * 8 + 1: CALL(4, 1); break;                              \
-    case 4 * 8 + 2: CALL(4, 2); break;                              \
-    case 4 * 8 + 4: CALL(4, 4); break;                              \
-    default: throw std::logic_error("short attention: no kernel for these sizes");                \
+// CALL(KB, HB) with the block counts of N tokens and head dimension hd (short_attention_applies).
+#define VIT_SHORT_ATTENTION_DISPATCH(N, hd, CALL)                           \
+  switch (((N) + 15) / 16 * 8 + (hd) / 16) {                                \
+    case 1 * 8 + 1:                                                         \
+      CALL(1, 1);                                                           \
+      break;                                                                \
+    case 1 * 8 + 2:                                                         \
+      CALL(1, 2);                                                           \
+      break;                                                                \
+    case 1 * 8 + 4:                                                         \
+      CALL(1, 4);                                                           \
+      break;                                                                \
+    case 2 * 8 + 1:                                                         \
+      CALL(2, 1);                                                           \
+      break;                                                                \
+    case 2 * 8 + 2:                                                         \
+      CALL(2, 2);                                                           \
+      break;                                                                \
+    case 2 * 8 + 4:                                                         \
+      CALL(2, 4);                                                           \
+      break;                                                                \
+    case 3 * 8 + 1:                                                         \
+      CALL(3, 1);                                                           \
+      break;                                                                \
+    case 3 * 8 + 2:                                                         \
+      CALL(3, 2);                                                           \
+      break;                                                                \
+    case 3 * 8 + 4:                                                         \
+      CALL(3, 4);                                                           \
+      break;                                                                \
+    case 4 * 8 + 1:                                                         \
+      CALL(4, 1);                                                           \
+      break;                                                                \
+    case 4 * 8 + 2:                                                         \
+      CALL(4, 2);                                                           \
+      break;                                                                \
+    case 4 * 8 + 4:                                                         \
+      CALL(4, 4);                                                           \
+      break;                                                                \
+    default:                                                                \
+      throw std::logic_error("short attention: no kernel for these sizes"); \
   }
 
-void short_attention(const float* q, const float* k, const float* v, int64_t row, int64_t N, int64_t hd,
-                                float scale, int64_t count, float* p, float* out, int64_t ld, float* kT) {
+void short_attention(const float* q, const float* k, const float* v, int64_t row, int64_t N, int64_t hd, float scale,
+                     int64_t count, float* p, float* out, int64_t ld, float* kT) {
 #define VIT_CALL(KB, HB) short_attention_rows<KB, HB>(q, k, v, row, N, scale, count, p, out, ld, kT)
   VIT_SHORT_ATTENTION_DISPATCH(N, hd, VIT_CALL)
 #undef VIT_CALL
 }
 
 void short_attention_backward(const float* P, const float* dO, int64_t ld, const float* q, const float* k,
-                                         const float* v, int64_t row, int64_t N, int64_t hd, float scale, float* dq,
-                                         float* dk, float* dv, float* vT, float* ds) {
-#define VIT_CALL(KB, HB) \
-  short_attention_backward_rows<KB, HB>(P, dO, ld, q, k, v, row, N, scale, dq, dk, dv, vT, ds)
+                              const float* v, int64_t row, int64_t N, int64_t hd, float scale, float* dq, float* dk,
+                              float* dv, float* vT, float* ds) {
+#define VIT_CALL(KB, HB) short_attention_backward_rows<KB, HB>(P, dO, ld, q, k, v, row, N, scale, dq, dk, dv, vT, ds)
   VIT_SHORT_ATTENTION_DISPATCH(N, hd, VIT_CALL)
 #undef VIT_CALL
 }
@@ -315,8 +324,8 @@ void short_attention_backward(const float* P, const float* dO, int64_t ld, const
 }  // namespace
 
 RowKernels table(const char* isa) {
-  return {isa,         &layer_norm_row, &layer_norm_backward_row, &add_branch_row,         &branch_backward_row,
-          &add_row,    &softmax_rows,   &softmax_backward_rows,   &short_attention,        &short_attention_backward};
+  return {isa,      &layer_norm_row, &layer_norm_backward_row, &add_branch_row,  &branch_backward_row,
+          &add_row, &softmax_rows,   &softmax_backward_rows,   &short_attention, &short_attention_backward};
 }
 
 }  // namespace vit::VIT_ROW_KERNELS_ISA
