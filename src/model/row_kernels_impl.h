@@ -21,27 +21,32 @@
 
 namespace vit::VIT_ROW_KERNELS_ISA {
 namespace {
-// e^x for x <= 0 (a softmax's x - max), within 2 ulp: Cephes' expf, branch-free so that it vectorizes.
-VIT_INLINE float exp_nonpositive(float x) {
-  x = std::max(x, -87.3f);  // e^x below is denormal; the softmax sums it as the zero it nearly is
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f;
+// Cephes' expf after its range reduction: e^x = e^r 2^n with r = x - n ln 2, |r| <= ln 2 / 2, e^r by a degree-5
+// polynomial; for a float or a whole vector of them.
+template <typename T>
+VIT_INLINE T exp_of_remainder(T x, T n) {
+  T r = x - n * 0.693359375f;
   r -= n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
+  T p = r * 1.9875691500e-4f + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const float e = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+// e^x for x <= 0 (a softmax's x - max), within 2 ulp, branch-free. Below -87.3, e^x is denormal: the softmax sums
+// it as the zero it nearly is.
+VIT_INLINE float exp_nonpositive(float x) {
+  x = std::max(x, -87.3f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
-  return e * __builtin_bit_cast(float, bits);
+  return exp_of_remainder(x, n) * __builtin_bit_cast(float, bits);
 }
 
 // The unit's native vector: 16 floats with AVX-512, 8 with AVX2, 4 at the SSE2 baseline (row_kernels*.cpp say).
 constexpr int W = VIT_VECTOR_FLOATS;
 typedef float vec __attribute__((vector_size(4 * W), aligned(4)));  // unaligned loads and stores
-
 typedef int32_t ivec __attribute__((vector_size(4 * W)));
 
 VIT_INLINE vec loadv(const float* p) { return *reinterpret_cast<const vec*>(p); }
@@ -53,17 +58,8 @@ VIT_INLINE vec exp_nonpositive(vec x) {
   const vec y = x * 1.44269504088896341f + 0.5f;
   vec n = __builtin_convertvector(__builtin_convertvector(y, ivec), vec);  // truncation toward zero
   n = n > y ? n - 1.0f : n;                                                // floor
-  vec r = x - n * 0.693359375f;
-  r -= n * -2.12194440e-4f;
-  vec p = vec{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const vec e = p * r * r + r + 1.0f;
-  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;  // 2^n
-  return e * __builtin_bit_cast(vec, bits);
+  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;         // 2^n
+  return exp_of_remainder(x, n) * __builtin_bit_cast(vec, bits);
 }
 
 // out = (x - mean) rstd w + b over one row of D; mean and rstd are kept where asked (training).
