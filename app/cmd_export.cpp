@@ -21,8 +21,10 @@ int run_export(const ExportOptions& options) {
   request.format = *enum_from_name<ExportFormat>(options.format);  // the option's check admits only the names
   if (!options.max_shard_size.empty()) request.max_shard_bytes = parse_shard_size(options.max_shard_size);
   auto model = load_model_args(options.checkpoint, options.config, options.img_size);
-  export_model(model, request);
-  log::info("wrote " + request.out + " (" + options.format + ") from " + model.path);
+  const auto written = export_model(model, request);
+  std::string files;
+  for (const auto& file : written) files += (files.empty() ? "" : " and ") + file;
+  log::info("wrote " + files + " (" + options.format + ") from " + model.path);
   return kOk;
 }
 
@@ -44,6 +46,12 @@ void setup_export(CLI::App& app, int& status) {
                       "as transformers' save_pretrained writes them (e.g. 5GB, 500MiB; default: one file)");
   command->add_flag("--attention", options->request.attention,
                     "onnx: also output each block's attention probabilities (attention.0, ...)");
+  command->add_flag("--dynamic-size", options->request.dynamic_size,
+                    "onnx: any input height and width (multiples of the patch), the position embedding resampled "
+                    "inside the graph as timm's dynamic_img_size does (opset 18)");
+  command->add_flag("--external-data", options->request.external_data,
+                    "onnx: the weights in <out>.data beside the graph (ONNX external data); chosen anyway for "
+                    "weights over 2 GiB");
   command->callback([options, &status] { status = run_export(*options); });
 }
 

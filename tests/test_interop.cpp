@@ -462,6 +462,48 @@ TEST(ExportOnnxCli, TimmSnapshotToOnnxRunsInOnnxruntime) {
   EXPECT_FALSE(file_exists(dir / "x"));
 }
 
+// --dynamic-size with --external-data through the CLI: one ONNX file (graph + model.onnx.data) gives, in onnxruntime,
+// the logits `vit predict --img-size` prints at the trained size, a larger one and a rectangular one.
+TEST(ExportOnnxCli, DynamicSizeMatchesPredictAtThreeSizes) {
+  SKIP_WITHOUT_PYTHON("timm", "onnx", "onnxruntime");
+  if (!onnx_export_available()) GTEST_SKIP() << "built without ONNX support (VIT_WITH_ONNX=OFF)";
+  TempDir dir;
+  const std::string snap = dir / "snapshot", image = dir / "image.png", onnx = dir / "out/model.onnx";
+  run_python("reference_models.py", "timm-snapshot " + test::quoted(snap) +
+                                        " --arch vit_small_patch16_224 --args '{\"depth\": 2, \"embed_dim\": 48, "
+                                        "\"num_heads\": 3, \"img_size\": 32, \"num_classes\": 5}'"
+                                        " --image " + test::quoted(image) + " --ref " + test::quoted(dir / "ref"));
+  const auto exported = test::run_vit("export --checkpoint " + test::quoted(snap) +
+                                      " --format onnx --dynamic-size --external-data --out " + test::quoted(onnx));
+  ASSERT_EQ(exported.status, 0) << exported.errors;
+  EXPECT_TRUE(file_exists(onnx + ".data"));
+  EXPECT_NE((exported.output + exported.errors).find("model.onnx.data"), std::string::npos) << exported.errors;
+  const auto model = load_model(snap);
+  const auto& m = model.model;
+  safetensors::NamedTensors inputs;
+  std::map<std::string, torch::Tensor> predicted;
+  for (const auto& [h, w] : std::vector<std::pair<int64_t, int64_t>>{{32, 32}, {48, 48}, {32, 64}}) {
+    const std::string size = std::to_string(h) + "x" + std::to_string(w);
+    const auto run = test::run_vit("predict --checkpoint " + test::quoted(snap) + " --img-size " + size + " --json " +
+                                   test::quoted(image));
+    ASSERT_EQ(run.status, 0) << run.errors;
+    const auto logits = nlohmann::json::parse(run.output)[0]["logits"].get<std::vector<float>>();
+    predicted[size] = torch::tensor(logits).unsqueeze(0);
+    inputs.emplace_back(size, preprocess(decode_image(image), model.preprocess, h, w, m.in_chans).unsqueeze(0));
+  }
+  safetensors::write(dir / "in.safetensors", inputs, {});
+  const auto printed = run_python("reference_onnx.py", test::quoted(onnx) + " " + test::quoted(dir / "in.safetensors") +
+                                                           " " + test::quoted(dir / "out.safetensors"));
+  const auto info = nlohmann::json::parse(printed);
+  EXPECT_EQ(info["inputs"][0]["shape"].dump(), R"(["batch",3,"height","width"])");
+  const auto theirs = safetensors::read(dir / "out.safetensors");
+  for (const auto& [size, logits] : predicted) {
+    const double diff = max_abs_diff(logits, theirs.tensor(size + "/logits"));
+    std::cout << "dynamic-size onnx at " << size << ": max |d| logits vs vit predict " << diff << "\n";
+    EXPECT_LE(diff, kLogitTolerance) << size;
+  }
+}
+
 // The timm family downstream, through the CLI: a model with register tokens, no class token, a MAP head, qk_norm,
 // pre_norm and quick_gelu trains from a config, evaluates, explains (maps over the patches, read through the MAP
 // head's pooling attention), exports to a timm folder that timm loads strictly with our logits, and fine-tunes from

@@ -238,6 +238,152 @@ TEST(Onnx, NamesBatchDimAndMetadataInOrder) {
   EXPECT_LE(logits, 1e-4);
 }
 
+// --dynamic-size: one file, run by onnxruntime at the trained size, a larger one and a rectangular smaller one, gives
+// what the model gives at each (it resamples its position embedding per grid, as `vit predict --img-size` does).
+struct SizedVariant {
+  std::string name;
+  ModelConfig model;
+  std::vector<std::pair<int64_t, int64_t>> sizes;  // H x W to run at, the trained one first
+};
+void PrintTo(const SizedVariant& variant, std::ostream* out) { *out << variant.name; }
+
+std::vector<SizedVariant> sized_variants() {
+  const auto all = variants();
+  auto find = [&](const std::string& name) {
+    for (const auto& v : all) {
+      if (v.name == name) return v.model;
+    }
+    throw std::logic_error("no variant " + name);
+  };
+  const std::vector<std::pair<int64_t, int64_t>> square{{16, 16}, {24, 24}, {8, 20}};
+  std::vector<SizedVariant> list{{"token", find("token"), square},
+                                 {"avg_no_class_token", find("avg_no_class_token"), square},
+                                 {"no_embed_class", find("no_embed_class"), square},
+                                 {"reg_tokens_pos_embed_no_head", find("reg_tokens_pos_embed_no_head"), square},
+                                 {"map_reg_tokens_qk_norm", find("map_reg_tokens_qk_norm"), square}};
+  auto rect = find("token");
+  rect.img_w = 24;
+  rect.patch_size = 8;
+  list.push_back({"rect_16x24_patch8", rect, {{16, 24}, {32, 32}, {8, 16}}});
+  return list;
+}
+
+class OnnxDynamicSize : public ::testing::TestWithParam<SizedVariant> {};
+
+TEST_P(OnnxDynamicSize, MatchesTheModelAtThreeSizes) {
+  SKIP_WITHOUT_PYTHON("onnx", "onnxruntime", "safetensors", "numpy");
+  const auto& variant = GetParam();
+  const auto& m = variant.model;
+  auto net = random_model(m);
+  test::TempDir dir;
+  const std::string path = dir / "model.onnx";
+  auto input = export_input(net, /*attention_outputs=*/true);
+  input.dynamic_size = true;
+  onnx::write_onnx(input, path);
+
+  torch::manual_seed(1);
+  safetensors::NamedTensors inputs;
+  for (const auto& [h, w] : variant.sizes) {
+    inputs.emplace_back(std::to_string(h) + "x" + std::to_string(w), torch::randn({2, m.in_chans, h, w}));
+  }
+  const auto reference = run_reference(path, dir, inputs);
+  const auto& info = reference.info;
+  EXPECT_EQ(info["opsets"].dump(), R"({"":18})");
+  EXPECT_EQ(info["inputs"][0]["shape"].dump(), nlohmann::json({"batch", m.in_chans, "height", "width"}).dump());
+  EXPECT_EQ(info["outputs"][1]["shape"].dump(), nlohmann::json({"batch", m.num_heads, "tokens", "tokens"}).dump());
+  const std::string output = m.num_classes > 0 ? "logits" : "features";
+  torch::NoGradGuard no_grad;
+  for (const auto& [key, x] : inputs) {
+    Capture capture;
+    capture.attention = true;
+    const auto expected = net->forward_head(net->forward_features(x, {}, &capture), false, &capture);
+    const auto got = reference.outputs.tensor(key + "/" + output);
+    ASSERT_EQ(got.sizes(), expected.sizes()) << key;
+    const double logits = max_abs_diff(got, expected);
+    double attention = 0.0;
+    for (int64_t b = 0; b < m.depth; ++b) {
+      const auto probs = reference.outputs.tensor(key + "/attention." + std::to_string(b));
+      ASSERT_EQ(probs.sizes(), capture.attention_probs[b].sizes()) << key << " attention." << b;
+      attention = std::max(attention, max_abs_diff(probs, capture.attention_probs[b]));
+    }
+    std::cout << variant.name << " at " << key << ": max |d| " << output << " " << logits << ", attention "
+              << attention << "\n";
+    EXPECT_LE(logits, 1e-4) << key;
+    EXPECT_LE(attention, 1e-5) << key;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Onnx, OnnxDynamicSize, ::testing::ValuesIn(sized_variants()),
+                         [](const ::testing::TestParamInfo<SizedVariant>& info) { return info.param.name; });
+
+// --external-data: the weights in model.onnx.data beside a small graph, offsets aligned, read back by onnxruntime;
+// models past protobuf's 2 GiB get it unasked (OnnxLarge below, outside the default set).
+TEST(Onnx, ExternalDataBesideTheGraph) {
+  SKIP_WITHOUT_PYTHON("onnx", "onnxruntime", "safetensors", "numpy");
+  const auto m = variants()[0].model;
+  auto net = random_model(m);
+  auto input = export_input(net, /*attention_outputs=*/false);
+  input.external_data = true;
+  test::TempDir dir;
+  const std::string path = dir / "model.onnx";
+  onnx::write_onnx(input, path);
+  EXPECT_EQ(folder_entries(dir.path()), (std::vector<std::string>{"model.onnx", "model.onnx.data"}));
+  const auto graph_bytes = std::filesystem::file_size(path);
+  const auto data_bytes = std::filesystem::file_size(onnx::external_data_path(path));
+  std::cout << "external data: graph " << graph_bytes << " bytes, weights " << data_bytes << " bytes\n";
+  EXPECT_LT(graph_bytes, 16u * 1024u) << "the large weights stayed in the graph";
+  EXPECT_GT(data_bytes, static_cast<uintmax_t>(count_parameters(*net)) * 3);  // most of the float32 weights
+
+  torch::manual_seed(1);
+  const auto x = torch::randn({2, m.in_chans, m.img_h, m.img_w});
+  const auto reference = run_reference(path, dir, {{"batch2", x}});
+  torch::NoGradGuard no_grad;
+  const double logits = max_abs_diff(reference.outputs.tensor("batch2/logits"), net->forward(x));
+  std::cout << "external data, batch 2: max |d| logits " << logits << "\n";
+  EXPECT_LE(logits, 1e-4);
+
+  EXPECT_FALSE(onnx::needs_external_data(uint64_t{1} << 30));
+  EXPECT_TRUE(onnx::needs_external_data(uint64_t{2530} * 1000 * 1000));  // ViT-H/14: 632M float32 parameters
+}
+
+// A model over protobuf's 2 GiB: ViT-H/14 (632M parameters, 2.5 GB in float32) with random weights goes to
+// model.onnx + model.onnx.data unasked, and onnxruntime loads and runs it with our logits. Minutes and ~12 GB of
+// memory, so outside the default set: VIT_LARGE_TESTS=1 runs it (README, "The test suite and CI").
+TEST(OnnxLarge, VitHugeGoesToExternalDataThatOnnxruntimeRuns) {
+  const char* wanted = std::getenv("VIT_LARGE_TESTS");
+  if (wanted == nullptr || std::string(wanted) != "1") GTEST_SKIP() << "a large test: VIT_LARGE_TESTS=1 runs it";
+  SKIP_WITHOUT_PYTHON("onnx", "onnxruntime", "safetensors", "numpy");
+  ModelConfig m = test::tiny_vit(/*img=*/224, /*patch=*/14, /*in_chans=*/3, /*num_classes=*/1000,
+                                 /*embed_dim=*/1280, /*depth=*/32, /*num_heads=*/16, /*mlp_ratio=*/4.0);
+  torch::manual_seed(0);
+  VisionTransformer net(m, Init::none);
+  net->eval();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) p.normal_(0.0, 0.02);
+  }
+  test::TempDir dir;
+  const std::string path = dir / "model.onnx";
+  {
+    auto input = export_input(net, /*attention_outputs=*/false);
+    uint64_t bytes = 0;
+    for (const auto& [name, weight] : input.weights) bytes += weight.data.size() * sizeof(float);
+    std::cout << "ViT-H/14: " << count_parameters(*net) << " parameters, " << bytes << " bytes of weights\n";
+    ASSERT_TRUE(onnx::needs_external_data(bytes));
+    onnx::write_onnx(input, path);  // external_data not asked for
+  }
+  EXPECT_EQ(folder_entries(dir.path()), (std::vector<std::string>{"model.onnx", "model.onnx.data"}));
+  EXPECT_GT(std::filesystem::file_size(onnx::external_data_path(path)), uintmax_t{1} << 31);
+
+  torch::manual_seed(1);
+  const auto x = torch::randn({1, 3, 224, 224});
+  const auto reference = run_reference(path, dir, {{"image", x}});
+  torch::NoGradGuard no_grad;
+  const double logits = max_abs_diff(reference.outputs.tensor("image/logits"), net->forward(x));
+  std::cout << "ViT-H/14 through external data: max |d| logits " << logits << "\n";
+  EXPECT_LE(logits, 1e-4);
+}
+
 TEST(Onnx, MissingFolderFailsNamingItAndLeavesNothing) {
   auto net = random_model(variants()[0].model);
   test::TempDir dir;
@@ -276,6 +422,13 @@ TEST(Onnx, UnrepresentableInputsThrowNamingThem) {
   token_without_class.model.class_token = false;
   error = write(token_without_class);
   EXPECT_NE(error.find("model.global_pool \"token\" needs class_token true"), std::string::npos) << error;
+
+  auto relative = random_model(variants()[4].model);  // rel_pos_bias
+  auto dynamic = export_input(relative, false);
+  dynamic.dynamic_size = true;
+  error = write(dynamic);
+  EXPECT_NE(error.find(path + ": a dynamic input size cannot hold the relative position bias"), std::string::npos)
+      << error;
 
   auto repeated = export_input(net, false);
   repeated.metadata = {{"a", "1"}, {"a", "2"}};

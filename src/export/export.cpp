@@ -107,9 +107,11 @@ safetensors::NamedTensors hf_tensors(VisionTransformer& net) {
   return out;
 }
 
-void export_onnx(LoadedModel& model, const ExportRequest& request) {
+std::vector<std::string> export_onnx(LoadedModel& model, const ExportRequest& request) {
 #if VIT_WITH_ONNX
   onnx::ExportInput input = onnx_export_input(model.net, request.attention);
+  input.dynamic_size = request.dynamic_size;
+  input.external_data = request.external_data;
   const auto& m = input.model;
   input.metadata = {{"vit.format", "vit-onnx"},
                     {"vit.version", VIT_VERSION},
@@ -121,7 +123,13 @@ void export_onnx(LoadedModel& model, const ExportRequest& request) {
                     {"std", nlohmann::json(model.preprocess.std).dump()}};
   const auto parent = fs::path(request.out).parent_path();
   if (!parent.empty()) make_dirs(parent.string());
+  uint64_t weight_bytes = 0;
+  for (const auto& [name, weight] : input.weights) weight_bytes += weight.data.size() * sizeof(float);
   onnx::write_onnx(input, request.out);
+  if (input.external_data || onnx::needs_external_data(weight_bytes)) {
+    return {request.out, onnx::external_data_path(request.out)};
+  }
+  return {request.out};
 #else
   (void)model;
   throw std::runtime_error(request.out +
@@ -177,10 +185,14 @@ uint64_t parse_shard_size(const std::string& text) {
                               "\" is not a size (bytes, or a number with KB, MB, GB, KiB, MiB or GiB, e.g. 5GB)");
 }
 
-void export_model(LoadedModel& model, const ExportRequest& request) {
+std::vector<std::string> export_model(LoadedModel& model, const ExportRequest& request) {
   if (request.out.empty()) throw std::invalid_argument("vit export needs --out");
   if (request.attention && request.format != ExportFormat::onnx) {
     throw std::invalid_argument("--attention applies to --format onnx only");
+  }
+  if ((request.dynamic_size || request.external_data) && request.format != ExportFormat::onnx) {
+    throw std::invalid_argument(std::string(request.dynamic_size ? "--dynamic-size" : "--external-data") +
+                                " applies to --format onnx only");
   }
   if (request.max_shard_bytes != 0 && request.format != ExportFormat::timm && request.format != ExportFormat::hf) {
     throw std::invalid_argument("--max-shard-size applies to --format timm and hf (snapshot folders) only");
@@ -193,23 +205,23 @@ void export_model(LoadedModel& model, const ExportRequest& request) {
       const auto parent = fs::path(request.out).parent_path();
       if (!parent.empty()) make_dirs(parent.string());
       save_model(request.out, model.net, model.preprocess, model.class_names);
-      return;
+      return {request.out};
     }
     case ExportFormat::timm: {
       const auto files = snapshot_files(SnapshotKind::timm, model.net->config(), model.preprocess, model.class_names);
       write_folder(request.out, files, state_tensors(model.net), request.max_shard_bytes);
-      return;
+      return {request.out};
     }
     case ExportFormat::hf: {
       const auto files = snapshot_files(SnapshotKind::hf, model.net->config(), model.preprocess, model.class_names);
       write_folder(request.out, files, hf_tensors(model.net), request.max_shard_bytes);
-      return;
+      return {request.out};
     }
     case ExportFormat::onnx:
       if (is_snapshot_dir(request.out)) throw std::runtime_error(request.out + ": is a folder; --format onnx writes a file");
-      export_onnx(model, request);
-      return;
+      return export_onnx(model, request);
   }
+  return {};
 }
 
 }  // namespace vit

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "config/enum_names.h"
 #include "io/model_file.h"
@@ -21,6 +22,8 @@ struct ExportRequest {
   ExportFormat format = ExportFormat::vit;
   std::string out;         // a file (vit, onnx) or a folder that must not exist yet (timm, hf)
   bool attention = false;  // onnx: each block's attention probabilities as outputs attention.{i}
+  bool dynamic_size = false;   // onnx: symbolic height and width, the position embedding resampled in the graph
+  bool external_data = false;  // onnx: the weights in <out>.data beside the graph (chosen anyway above 2 GiB)
   uint64_t max_shard_bytes = 0;  // timm, hf: weights above this split into shards with an index (0: one file)
 };
 
@@ -29,8 +32,9 @@ struct ExportRequest {
 uint64_t parse_shard_size(const std::string& text);
 
 // Writes `model` as asked. Throws std::invalid_argument for what the format cannot represent (naming it) and
-// std::runtime_error for I/O failures (naming the path); either way `out` is left as it was.
-void export_model(LoadedModel& model, const ExportRequest& request);
+// std::runtime_error for I/O failures (naming the path); either way `out` is left as it was. Returns what it wrote:
+// `out`, and for ONNX with external data also its weights file.
+std::vector<std::string> export_model(LoadedModel& model, const ExportRequest& request);
 
 #if VIT_WITH_ONNX
 // What the ONNX writer needs of a model: its config and every tensor as float32 (plus each block's relative

@@ -3,7 +3,9 @@
 //
 // Shape key as in model/vit.h: B batch (symbolic), C, H, W, P, gh/gw, L = gh*gw patches, N tokens, D, nh, hd, K.
 // Between the embedding and the pooling the tokens travel as a (B*N, D) matrix, so every linear layer is one Gemm
-// over the weight in its state-dict layout (out, in), with transB instead of a transposed copy.
+// over the weight in its state-dict layout (out, in), with transB instead of a transposed copy. Shapes that depend
+// on the batch or the token count are read from the tensors at run time (Shape, Concat), so the same graph serves a
+// symbolic height and width (dynamic_size), where the position embedding is resampled inside the graph.
 #include "export/onnx_writer.h"
 
 #include <fcntl.h>
@@ -16,6 +18,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <stdexcept>
 
@@ -29,10 +32,20 @@ namespace {
 namespace proto = ::ONNX_NAMESPACE;
 
 // Opset 17 is the first with LayerNormalization; IR version 8 is the one its ONNX release (1.12) writes, and every
-// later onnx / onnxruntime reads it.
+// later onnx / onnxruntime reads it. A dynamic-size file needs opset 18 (IR 8 still), the first whose Resize has
+// antialias, which timm's resampling of the position embedding uses.
 constexpr int64_t kOpset = 17;
+constexpr int64_t kDynamicOpset = 18;
 constexpr int64_t kIrVersion = 8;
 constexpr const char* kBatch = "batch";
+// Initializers of at least this many bytes go to the external data file when there is one (onnx's own
+// convert_model_to_external_data default); each starts at a multiple of kExternalAlignment, so that a runtime can map
+// it in place.
+constexpr size_t kExternalMinBytes = 1024;
+constexpr uint64_t kExternalAlignment = 4096;
+// Weights above this go to an external data file even unasked: protobuf cannot hold a message over 2 GiB, and the
+// graph itself needs room beside them.
+constexpr uint64_t kInlineWeightLimit = (uint64_t{1} << 31) - (uint64_t{64} << 20);
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
@@ -83,18 +96,96 @@ class Weights {
   std::set<std::string> taken_;
 };
 
-void set_shape(proto::ValueInfoProto* value, const std::vector<int64_t>& dims_after_batch) {
+// A dimension of a graph input or output: a number, or a name for one known only at run time.
+struct Dim {
+  Dim(int64_t size) : value(size) {}  // NOLINT(google-explicit-constructor): shapes read as {C, H, W}
+  Dim(const char* symbol) : name(symbol) {}  // NOLINT(google-explicit-constructor)
+  int64_t value = 0;
+  std::string name;
+};
+
+void set_shape(proto::ValueInfoProto* value, const std::vector<Dim>& dims_after_batch) {
   auto* tensor = value->mutable_type()->mutable_tensor_type();
   tensor->set_elem_type(proto::TensorProto::FLOAT);
   auto* shape = tensor->mutable_shape();
   shape->add_dim()->set_dim_param(kBatch);
-  for (int64_t dim : dims_after_batch) shape->add_dim()->set_dim_value(dim);
+  for (const Dim& dim : dims_after_batch) {
+    if (dim.name.empty()) {
+      shape->add_dim()->set_dim_value(dim.value);
+    } else {
+      shape->add_dim()->set_dim_param(dim.name);
+    }
+  }
 }
+
+// The external data file: the weights' bytes, appended through a temp file that write_onnx renames beside the model.
+class DataFile {
+ public:
+  DataFile(std::string temp, std::string location, const std::string& path)
+      : temp_(std::move(temp)), location_(std::move(location)), path_(path) {
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(path_, "cannot open " + temp_ + " for writing: " + std::strerror(errno));
+  }
+  DataFile(const DataFile&) = delete;
+  DataFile& operator=(const DataFile&) = delete;
+  ~DataFile() {  // not finished: an error on the way, so the temp file goes
+    if (fd_ >= 0) ::close(fd_);
+    if (!finished_) ::unlink(temp_.c_str());
+  }
+
+  // Appends `bytes` at the next aligned offset and points `tensor` at them.
+  void put(proto::TensorProto* tensor, const void* data, size_t bytes) {
+    const uint64_t offset = (size_ + kExternalAlignment - 1) / kExternalAlignment * kExternalAlignment;
+    if (offset > size_) write_all(std::string(offset - size_, '\0').data(), offset - size_);
+    write_all(data, bytes);
+    tensor->set_data_location(proto::TensorProto::EXTERNAL);
+    auto entry = [&](const std::string& key, const std::string& value) {
+      auto* e = tensor->add_external_data();
+      e->set_key(key);
+      e->set_value(value);
+    };
+    entry("location", location_);
+    entry("offset", std::to_string(offset));
+    entry("length", std::to_string(bytes));
+  }
+
+  // Flushes to disk; the temp file stays until rename() or the destructor.
+  void close() {
+    if (::fsync(fd_) != 0) fail(path_, "cannot fsync " + temp_ + ": " + std::strerror(errno));
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail(path_, "cannot close " + temp_ + ": " + std::strerror(errno));
+  }
+  void rename(const std::string& target) {
+    if (std::rename(temp_.c_str(), target.c_str()) != 0) {
+      fail(path_, "cannot rename " + temp_ + " to " + target + ": " + std::strerror(errno));
+    }
+    finished_ = true;
+  }
+
+ private:
+  void write_all(const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, std::min<size_t>(bytes, size_t{1} << 30));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail(path_, "cannot write " + temp_ + ": " + std::strerror(n < 0 ? errno : EIO));
+      p += n, bytes -= static_cast<size_t>(n), size_ += static_cast<uint64_t>(n);
+    }
+  }
+
+  std::string temp_, location_;
+  const std::string& path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  bool finished_ = false;
+};
 
 // Appends nodes and initializers to a graph. Every tensor name is assigned once; a node is named after its output.
 class GraphBuilder {
  public:
-  explicit GraphBuilder(proto::GraphProto* graph) : graph_(graph) {}
+  // With `data`, float initializers of kExternalMinBytes or more are written there instead of into the graph.
+  GraphBuilder(proto::GraphProto* graph, DataFile* data) : graph_(graph), data_(data) {}
 
   proto::NodeProto* node(const std::string& op, const std::vector<std::string>& inputs, const std::string& output) {
     auto* node = graph_->add_node();
@@ -114,7 +205,11 @@ class GraphBuilder {
     tensor->set_name(name);
     tensor->set_data_type(proto::TensorProto::FLOAT);
     for (int64_t dim : shape) tensor->add_dims(dim);
-    tensor->set_raw_data(data, count * sizeof(float));
+    if (data_ != nullptr && count * sizeof(float) >= kExternalMinBytes) {
+      data_->put(tensor, data, count * sizeof(float));
+    } else {
+      tensor->set_raw_data(data, count * sizeof(float));
+    }
     return name;
   }
   std::string weight(const std::string& name, const Weight& weight) {
@@ -124,6 +219,22 @@ class GraphBuilder {
   std::string scalar(const std::string& role, float value) {
     const std::string name = "const." + role;
     if (constants_.insert(name).second) floats(name, {}, &value, 1);
+    return name;
+  }
+  // A shape (B, rest...) with B read from the input at run time ("batch_size"), shared by value.
+  std::string batch_shape(const std::vector<int64_t>& rest) {
+    std::string name = "shape.batch";
+    for (int64_t v : rest) {
+      name += '.';
+      name += std::to_string(v);
+    }
+    if (constants_.insert(name).second) {
+      auto* concat = node("Concat", {"batch_size", ints(rest)}, name);
+      auto* a = concat->add_attribute();
+      a->set_name("axis");
+      a->set_type(proto::AttributeProto::INT);
+      a->set_i(0);
+    }
     return name;
   }
   // A 1-D int64 constant (a shape, an axis list), shared by value; scalar_index gives a 0-d index for Gather.
@@ -145,6 +256,7 @@ class GraphBuilder {
 
  private:
   proto::GraphProto* graph_;
+  DataFile* data_;
   std::set<std::string> constants_;
 };
 
@@ -160,6 +272,12 @@ void attribute(proto::NodeProto* node, const std::string& name, float value) {
   a->set_type(proto::AttributeProto::FLOAT);
   a->set_f(value);
 }
+void attribute(proto::NodeProto* node, const std::string& name, const std::string& value) {
+  auto* a = node->add_attribute();
+  a->set_name(name);
+  a->set_type(proto::AttributeProto::STRING);
+  a->set_s(value);
+}
 void attribute(proto::NodeProto* node, const std::string& name, const std::vector<int64_t>& values) {
   auto* a = node->add_attribute();
   a->set_name(name);
@@ -168,12 +286,15 @@ void attribute(proto::NodeProto* node, const std::string& name, const std::vecto
 }
 
 // The architecture, with the checks the graph relies on (the model validates more; this writer is torch-free).
+// H, W, gh, gw, L and N are the trained size's; with `dynamic` the graph takes any multiple of the patch.
 struct Geometry {
   int64_t C, H, W, P, gh, gw, L, prefix, N, D, nh, hd, hidden, K;
   int64_t pos_rows;  // rows of pos_embed: L, plus the prefix tokens' unless no_embed_class
+  bool dynamic;      // symbolic height and width (opset 18)
+  int64_t opset;
 };
 
-Geometry geometry(const ModelConfig& m, const std::string& path) {
+Geometry geometry(const ModelConfig& m, bool dynamic, const std::string& path) {
   if (m.patch_size <= 0 || m.img_h <= 0 || m.img_w <= 0 || m.img_h % m.patch_size != 0 ||
       m.img_w % m.patch_size != 0) {
     fail(path, "model.img_size " + std::to_string(m.img_h) + "x" + std::to_string(m.img_w) +
@@ -190,7 +311,13 @@ Geometry geometry(const ModelConfig& m, const std::string& path) {
   if (m.global_pool == GlobalPool::token && !m.class_token) {
     fail(path, "model.global_pool \"token\" needs class_token true");
   }
+  if (dynamic && m.rel_pos_bias) {
+    fail(path, "a dynamic input size cannot hold the relative position bias (model.rel_pos_bias): its table is "
+               "gathered per grid; export at a fixed size (--img-size) instead");
+  }
   Geometry g{};
+  g.dynamic = dynamic;
+  g.opset = dynamic ? kDynamicOpset : kOpset;
   g.C = m.in_chans;
   g.H = m.img_h;
   g.W = m.img_w;
@@ -253,6 +380,36 @@ std::string linear(GraphBuilder& b, Weights& w, const std::string& x, const std:
   return name;
 }
 
+// The position embedding for the input's grid, as the model's resample_pos_embed (timm's resample_abs_pos_embed):
+// the grid rows as a (1, D, gh0, gw0) image, bicubic with antialias (a = -0.5, taps outside the image left out and
+// the rest renormalised, half-pixel centres, as torch's antialiased kernel), the prefix rows kept:
+// (1, pos_rows, D) -> (1, [prefix +] gh*gw, D). At the trained grid the Resize is the identity.
+std::string resampled_pos_embed(GraphBuilder& b, const std::string& pos, const Geometry& g, const ModelConfig& m) {
+  const int64_t prefix_rows = m.pos_embed_prefix();
+  std::string grid_rows = pos;
+  if (prefix_rows > 0) {
+    grid_rows = b.op("Slice", {pos, b.ints({prefix_rows}), b.ints({g.pos_rows}), b.ints({1})}, "pos_embed.grid_rows");
+  }
+  auto grid = b.op("Reshape", {grid_rows, b.ints({1, g.gh, g.gw, g.D})}, "pos_embed.grid_nhwc");
+  attribute(b.node("Transpose", {grid}, "pos_embed.grid"), "perm", std::vector<int64_t>{0, 3, 1, 2});  // (1, D, gh0, gw0)
+  auto* new_grid = b.node("Shape", {"patch_embed.proj"}, "pos_embed.new_grid");  // [gh, gw] of this input
+  attribute(new_grid, "start", int64_t{2});
+  attribute(new_grid, "end", int64_t{4});
+  attribute(b.node("Concat", {b.ints({1, g.D}), "pos_embed.new_grid"}, "pos_embed.sizes"), "axis", int64_t{0});
+  auto* resize = b.node("Resize", {"pos_embed.grid", "", "", "pos_embed.sizes"}, "pos_embed.resized");
+  attribute(resize, "mode", std::string("cubic"));
+  attribute(resize, "cubic_coeff_a", -0.5f);
+  attribute(resize, "antialias", int64_t{1});
+  attribute(resize, "exclude_outside", int64_t{1});
+  attribute(resize, "coordinate_transformation_mode", std::string("half_pixel"));
+  auto flat = b.op("Reshape", {"pos_embed.resized", b.ints({1, g.D, -1})}, "pos_embed.resized_flat");  // (1, D, L)
+  attribute(b.node("Transpose", {flat}, "pos_embed.resized_rows"), "perm", std::vector<int64_t>{0, 2, 1});
+  if (prefix_rows == 0) return "pos_embed.resized_rows";
+  auto prefix = b.op("Slice", {pos, b.ints({0}), b.ints({prefix_rows}), b.ints({1})}, "pos_embed.prefix_rows");
+  attribute(b.node("Concat", {prefix, "pos_embed.resized_rows"}, "pos_embed.for_input"), "axis", int64_t{1});
+  return "pos_embed.for_input";
+}
+
 // Patch embedding, prefix tokens (class, registers), position embedding and norm_pre: pixel_values -> (B*N, D).
 std::string embed(GraphBuilder& b, Weights& w, const std::string& pixels, const Geometry& g, const ModelConfig& m) {
   // A stride-P P x P convolution, the weight in its state-dict layout (D, C, P, P); no bias with pre_norm.
@@ -262,18 +419,16 @@ std::string embed(GraphBuilder& b, Weights& w, const std::string& pixels, const 
   auto* conv = b.node("Conv", conv_inputs, "patch_embed.proj");  // (B, D, gh, gw)
   attribute(conv, "kernel_shape", std::vector<int64_t>{g.P, g.P});
   attribute(conv, "strides", std::vector<int64_t>{g.P, g.P});
-  auto flat = b.op("Reshape", {"patch_embed.proj", b.ints({0, g.D, g.L})}, "patch_embed.flat");  // (B, D, L)
+  auto flat = b.op("Reshape", {"patch_embed.proj", b.ints({0, g.D, -1})}, "patch_embed.flat");  // (B, D, L)
   auto* rows = b.node("Transpose", {flat}, "patch_embed");  // (B, L, D), row by row
   attribute(rows, "perm", std::vector<int64_t>{0, 2, 1});
   std::string tokens = "patch_embed";
   auto pos = b.weight("pos_embed", w.take("pos_embed", {1, g.pos_rows, g.D}));
+  if (g.dynamic) pos = resampled_pos_embed(b, pos, g, m);
   // no_embed_class: the position embedding covers the patches only, added before the prefix tokens join (DeiT-3).
   if (m.no_embed_class) tokens = b.op("Add", {tokens, pos}, "patch_embed.pos");
   if (g.prefix) {
     // Prefix tokens broadcast over the batch: Expand to (B, n, D), B read from the input at run time.
-    auto* batch = b.node("Shape", {pixels}, "batch_size");  // (1) = [B]
-    attribute(batch, "start", int64_t{0});
-    attribute(batch, "end", int64_t{1});
     std::vector<std::string> parts;
     auto prefix_tokens = [&](const std::string& name, int64_t count) {
       attribute(b.node("Concat", {"batch_size", b.ints({count, g.D})}, name + ".shape"), "axis", int64_t{0});
@@ -303,7 +458,7 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
                   const BlockOptions& o) {
   auto h = layer_norm(b, w, x, p + "norm1", g.D, o.eps);
   auto qkv = linear(b, w, h, p + "attn.qkv", g.D, 3 * g.D, o.qkv_bias);  // (B*N, 3D)
-  auto heads = b.op("Reshape", {qkv, b.ints({-1, g.N, 3, g.nh, g.hd})}, p + "attn.qkv.heads");  // (B, N, 3, nh, hd)
+  auto heads = b.op("Reshape", {qkv, b.batch_shape({-1, 3, g.nh, g.hd})}, p + "attn.qkv.heads");  // (B, N, 3, nh, hd)
   attribute(b.node("Transpose", {heads}, p + "attn.qkv.split"), "perm", std::vector<int64_t>{2, 0, 3, 1, 4});
   const std::string split = p + "attn.qkv.split";  // (3, B, nh, N, hd)
   auto take = [&](int64_t i, const std::string& name) {
@@ -361,7 +516,7 @@ std::string attention_pool(GraphBuilder& b, Weights& w, const std::string& patch
            p + "q.scaled");
   auto rows = b.op("Reshape", {patches, b.ints({-1, g.D})}, p + "x.rows");  // (B*Np, D)
   auto kv = linear(b, w, rows, p + "kv", g.D, 2 * g.D);                     // (B*Np, 2D)
-  auto kv_heads = b.op("Reshape", {kv, b.ints({-1, g.L, 2, g.nh, g.hd})}, p + "kv.heads");
+  auto kv_heads = b.op("Reshape", {kv, b.batch_shape({-1, 2, g.nh, g.hd})}, p + "kv.heads");
   attribute(b.node("Transpose", {kv_heads}, p + "kv.split"), "perm", std::vector<int64_t>{2, 0, 3, 1, 4});
   auto take = [&](int64_t i, const std::string& name) {
     attribute(b.node("Gather", {p + "kv.split", b.ints({i}, /*scalar_index=*/true)}, p + name), "axis", int64_t{0});
@@ -386,7 +541,7 @@ std::string attention_pool(GraphBuilder& b, Weights& w, const std::string& patch
 // patch tokens, or attn_pool over them), the head: (B*N, D) -> (B, K), or (B, D) without a head.
 std::string head(GraphBuilder& b, Weights& w, const std::string& x, const Geometry& g, const ModelConfig& m,
                  const std::string& output, const std::string& pool_probs) {
-  auto tokens = b.op("Reshape", {x, b.ints({-1, g.N, g.D})}, "tokens");  // (B, N, D)
+  auto tokens = b.op("Reshape", {x, b.batch_shape({-1, g.D})}, "tokens");  // (B, N, D)
   // The final norm acts on each token alone, so normalising only the tokens the pool reads gives the model's numbers.
   const bool token_norm = m.final_norm && !m.use_fc_norm();
   std::string pooled;
@@ -394,13 +549,16 @@ std::string head(GraphBuilder& b, Weights& w, const std::string& x, const Geomet
     attribute(b.node("Gather", {tokens, b.ints({0}, /*scalar_index=*/true)}, "pooled"), "axis", int64_t{1});
     pooled = token_norm ? layer_norm(b, w, "pooled", "norm", g.D, m.layer_norm_eps) : "pooled";
   } else {
-    std::string patches = b.op("Slice", {tokens, b.ints({g.prefix}), b.ints({g.N}), b.ints({1})}, "patch_tokens");
+    std::string patches =
+        b.op("Slice", {tokens, b.ints({g.prefix}), b.ints({INT64_MAX}), b.ints({1})}, "patch_tokens");
     if (token_norm) patches = layer_norm(b, w, patches, "norm", g.D, m.layer_norm_eps);  // (B, Np, D)
     if (m.global_pool == GlobalPool::map) {
       pooled = attention_pool(b, w, patches, g, m, pool_probs);
     } else {
-      auto* mean = b.node("ReduceMean", {patches}, "pooled");  // (B, D)
-      attribute(mean, "axes", std::vector<int64_t>{1});
+      // Opset 18 moved ReduceMean's axes from an attribute to an input.
+      auto* mean = g.opset >= 18 ? b.node("ReduceMean", {patches, b.ints({1})}, "pooled")
+                                 : b.node("ReduceMean", {patches}, "pooled");  // (B, D)
+      if (g.opset < 18) attribute(mean, "axes", std::vector<int64_t>{1});
       attribute(mean, "keepdims", int64_t{0});
       pooled = "pooled";
     }
@@ -413,9 +571,10 @@ std::string head(GraphBuilder& b, Weights& w, const std::string& x, const Geomet
   return output;
 }
 
-// Streams the serialised model to a sibling temp file, then renames it over `path`: no second in-memory copy of the
-// weights, and a failure leaves neither a partial file nor the temp file behind.
-void write_atomic(const proto::ModelProto& model, const std::string& path) {
+// Streams the serialised model to a sibling temp file, then renames it over `path` (the external data file first, when
+// there is one): no second in-memory copy of the weights, and a failure leaves neither a partial file nor the temp
+// files behind.
+void write_atomic(const proto::ModelProto& model, const std::string& path, DataFile* data) {
   const std::string temp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail(path, "cannot open " + temp + " for writing: " + std::strerror(errno));
@@ -435,6 +594,14 @@ void write_atomic(const proto::ModelProto& model, const std::string& path) {
     ::unlink(temp.c_str());
     fail(path, "cannot close " + temp + ": " + std::strerror(error_number));
   }
+  if (data != nullptr) {
+    try {
+      data->rename(external_data_path(path));
+    } catch (...) {
+      ::unlink(temp.c_str());
+      throw;
+    }
+  }
   if (std::rename(temp.c_str(), path.c_str()) != 0) {
     const int error_number = errno;
     ::unlink(temp.c_str());
@@ -444,10 +611,23 @@ void write_atomic(const proto::ModelProto& model, const std::string& path) {
 
 }  // namespace
 
+std::string external_data_path(const std::string& path) { return path + ".data"; }
+
+bool needs_external_data(uint64_t weight_bytes) { return weight_bytes > kInlineWeightLimit; }
+
 void write_onnx(const ExportInput& input, const std::string& path) {
   const ModelConfig& m = input.model;
-  const Geometry g = geometry(m, path);
+  const Geometry g = geometry(m, input.dynamic_size, path);
   Weights w(input.weights, path);
+  uint64_t weight_bytes = 0;
+  for (const auto& [name, weight] : input.weights) weight_bytes += weight.data.size() * sizeof(float);
+  std::unique_ptr<DataFile> data;
+  if (input.external_data || needs_external_data(weight_bytes)) {
+    const std::string target = external_data_path(path);
+    const auto slash = target.find_last_of('/');
+    data = std::make_unique<DataFile>(target + ".tmp." + std::to_string(::getpid()),
+                                      slash == std::string::npos ? target : target.substr(slash + 1), path);
+  }
 
   proto::ModelProto model;
   model.set_ir_version(kIrVersion);
@@ -455,7 +635,7 @@ void write_onnx(const ExportInput& input, const std::string& path) {
   model.set_producer_version(VIT_VERSION);
   auto* opset = model.add_opset_import();
   opset->set_domain("");
-  opset->set_version(kOpset);
+  opset->set_version(g.opset);
   std::set<std::string> keys;
   for (const auto& [key, value] : input.metadata) {
     // onnx's checker rejects a model whose metadata repeats a key.
@@ -469,9 +649,16 @@ void write_onnx(const ExportInput& input, const std::string& path) {
   graph->set_name("vit");
   auto* pixels = graph->add_input();
   pixels->set_name("pixel_values");
-  set_shape(pixels, {g.C, g.H, g.W});
+  if (g.dynamic) {
+    set_shape(pixels, {g.C, "height", "width"});
+  } else {
+    set_shape(pixels, {g.C, g.H, g.W});
+  }
 
-  GraphBuilder b(graph);
+  GraphBuilder b(graph, data.get());
+  auto* batch = b.node("Shape", {"pixel_values"}, "batch_size");  // (1) = [B], for the reshapes over the batch
+  attribute(batch, "start", int64_t{0});
+  attribute(batch, "end", int64_t{1});
   std::string x = embed(b, w, "pixel_values", g, m);
   for (int64_t i = 0; i < m.depth; ++i) {
     const std::string prefix = "blocks." + std::to_string(i) + ".";
@@ -492,22 +679,30 @@ void write_onnx(const ExportInput& input, const std::string& path) {
     for (int64_t i = 0; i < m.depth; ++i) {
       auto* probs = graph->add_output();
       probs->set_name("attention." + std::to_string(i));
-      set_shape(probs, {g.nh, g.N, g.N});
+      if (g.dynamic) {
+        set_shape(probs, {g.nh, "tokens", "tokens"});
+      } else {
+        set_shape(probs, {g.nh, g.N, g.N});
+      }
     }
     if (map_head) {
       auto* probs = graph->add_output();
       probs->set_name("pool_attention");
-      set_shape(probs, {g.nh, 1, g.L});
+      if (g.dynamic) {
+        set_shape(probs, {g.nh, 1, "patches"});
+      } else {
+        set_shape(probs, {g.nh, 1, g.L});
+      }
     }
   }
 
-  // One protobuf message cannot exceed 2 GiB; larger models would need ONNX's external-data files.
+  // One protobuf message cannot exceed 2 GiB: larger weights went to the external data file above.
   const size_t bytes = model.ByteSizeLong();
   if (bytes > static_cast<size_t>(INT_MAX)) {
-    fail(path, "the model is " + std::to_string(bytes) +
-                   " bytes, over protobuf's 2 GiB limit for one ONNX file (external weight files are not supported)");
+    fail(path, "the graph is " + std::to_string(bytes) + " bytes, over protobuf's 2 GiB limit for one ONNX file");
   }
-  write_atomic(model, path);
+  if (data) data->close();
+  write_atomic(model, path, data.get());
 }
 
 }  // namespace vit::onnx
