@@ -8,6 +8,8 @@ the library's own preprocessing, so the C++ side is compared with what a user of
   hf-snapshot   OUT --config JSON [--processor JSON] [--dtype ...] [--max-shard-size SIZE] --image PNG --ref FILE
   check-timm    DIR --inputs FILE --image PNG --ref FILE   (our export, loaded by timm)
   check-hf      DIR --inputs FILE --image PNG --ref FILE   (our export, loaded by transformers)
+  check-hf-images DIR --images PNG... --ref FILE        (our export's processor and model on each image: "pixels.<i>",
+                                                           "pixels_torchvision.<i>", "logits.<i>")
 
 --image is written (a smooth non-square RGB PNG) by the snapshot commands and read by the check commands. --ref is a
 safetensors file: "pixels" (the library's preprocessed image), "logits" (its logits for it), and for the checks
@@ -98,13 +100,20 @@ def hf_snapshot(a):
     save_file(out, a.ref)
 
 
-def processors_pixels(folder, image):
-    from transformers import ViTImageProcessor, ViTImageProcessorPil
+def processors(folder):
+    # As a user loads a folder's processor: AutoImageProcessor, with its PIL backend (the reference) and its
+    # torchvision one (transformers 5's default, whose antialiased resize differs from PIL by a level here and there).
+    from transformers import AutoImageProcessor
 
+    return (AutoImageProcessor.from_pretrained(folder, backend="pil"),
+            AutoImageProcessor.from_pretrained(folder, backend="torchvision"))
+
+
+def processors_pixels(folder, image, suffix=""):
     image = Image.open(image).convert("RGB")
-    pil = ViTImageProcessorPil.from_pretrained(folder)(images=image, return_tensors="pt")["pixel_values"]
-    tv = ViTImageProcessor.from_pretrained(folder)(images=image, return_tensors="pt")["pixel_values"]
-    return {"pixels": pil.contiguous(), "pixels_torchvision": tv.contiguous()}
+    pil, tv = processors(folder)
+    return {"pixels" + suffix: pil(images=image, return_tensors="pt")["pixel_values"].contiguous(),
+            "pixels_torchvision" + suffix: tv(images=image, return_tensors="pt")["pixel_values"].contiguous()}
 
 
 def run_inputs(model, inputs, out):
@@ -151,6 +160,21 @@ def check_hf(a):
     print(json.dumps({"id2label": model.config.id2label}))
 
 
+def check_hf_images(a):
+    # Each image through the folder's own processor and model, as a transformers user runs it.
+    from transformers import ViTForImageClassification
+
+    model = ViTForImageClassification.from_pretrained(a.dir).eval()
+    out = {}
+    for i, image in enumerate(a.images):
+        out.update(processors_pixels(a.dir, image, f".{i}"))
+        with torch.no_grad():
+            out[f"logits.{i}"] = model(pixel_values=out[f"pixels.{i}"]).logits.contiguous()
+    save_file(out, a.ref)
+    pil, tv = processors(a.dir)
+    print(json.dumps({"processor": type(pil).__name__, "processor_torchvision": type(tv).__name__}))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -179,6 +203,11 @@ def main():
         p.add_argument("--image", required=True)
         p.add_argument("--ref", required=True)
         p.set_defaults(run=run)
+    p = sub.add_parser("check-hf-images")
+    p.add_argument("dir")
+    p.add_argument("--images", nargs="+", required=True)
+    p.add_argument("--ref", required=True)
+    p.set_defaults(run=check_hf_images)
     args = parser.parse_args()
     torch.set_num_threads(2)
     args.run(args)

@@ -13,6 +13,7 @@
 
 #include "export/export.h"
 #include "image/decode.h"
+#include "image/draw.h"
 #include "io/model_file.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
@@ -281,6 +282,70 @@ TEST(ExportHf, LoadsInTransformersWithTheSameLogitsAndPreprocessing) {
   expect_same_logits(ours, safetensors::read(dir / "check_sharded.safetensors"), "sharded hf export");
 }
 
+// A timm model that centre-crops (crop_pct 0.9) goes to transformers with a BitImageProcessor: the shorter side to
+// floor(48 / 0.9) = 53, the ratio kept, then the centre crop. Loaded by AutoImageProcessor (PIL backend), it gives
+// `vit predict`'s pixels and logits on the timm model for a photo whose crop margins centre alike (50x70: 5 and 26
+// pixels); where a margin is 3 mod 4 (37x50: 23 columns) transformers puts the odd pixel left (floor), timm right
+// (round), and vit reading the exported folder crops as transformers does (crop_offset floor): pixel-exact on both.
+TEST(ExportHf, CroppingTimmModelThroughBitImageProcessor) {
+  SKIP_WITHOUT_PYTHON("timm", "transformers", "safetensors");
+  TempDir dir;
+  const std::string snap = dir / "snapshot", odd = dir / "odd_37x50.png", even = dir / "even_50x70.png";
+  run_python("reference_models.py", "timm-snapshot " + test::quoted(snap) +
+                                        " --arch vit_tiny_patch16_224 --args '{\"depth\": 2, \"img_size\": 48, "
+                                        "\"num_classes\": 5}' --image " + test::quoted(odd) + " --ref " +
+                                        test::quoted(dir / "ref"));
+  write_image(even, to_bgr(test::gradient_image(50, 70, 3)));
+  auto timm_model = load_model(snap);
+  ASSERT_EQ(timm_model.preprocess.crop_pct, 0.9);
+  ASSERT_EQ(timm_model.preprocess.crop_mode, CropMode::center);
+  const std::string out = dir / "hf";
+  export_model(timm_model, {ExportFormat::hf, out, false});
+  const auto written = nlohmann::json::parse(read_file(out + "/preprocessor_config.json"));
+  EXPECT_EQ(written["image_processor_type"], "BitImageProcessor");
+  EXPECT_EQ(written["size"].dump(), R"({"shortest_edge":53})");
+  const auto printed = run_python("reference_models.py", "check-hf-images " + test::quoted(out) + " --images " +
+                                                             test::quoted(even) + " " + test::quoted(odd) +
+                                                             " --ref " + test::quoted(dir / "theirs.safetensors"));
+  EXPECT_NE(printed.find("\"processor\": \"BitImageProcessorPil\""), std::string::npos) << printed;
+  const auto theirs = safetensors::read(dir / "theirs.safetensors");
+  auto hf_model = load_model(out);
+  EXPECT_EQ(hf_model.preprocess.crop_offset, CropOffset::floor);
+  EXPECT_EQ(hf_model.preprocess.crop_mode, CropMode::center);
+  EXPECT_EQ(source_of(hf_model, "preprocess"), "preprocessor_config.json: BitImageProcessor");
+  // vit predict on the timm snapshot, both photos at once.
+  const auto predicted = test::run_vit("predict --checkpoint " + test::quoted(snap) + " --json " + test::quoted(even) +
+                                       " " + test::quoted(odd));
+  ASSERT_EQ(predicted.status, 0) << predicted.errors;
+  const auto predictions = nlohmann::json::parse(predicted.output);
+  ASSERT_EQ(predictions.size(), 2u);
+  const std::vector<std::string> images{even, odd};
+  for (size_t i = 0; i < images.size(); ++i) {
+    const std::string k = "." + std::to_string(i);
+    const auto their_pixels = theirs.tensor("pixels" + k), their_logits = theirs.tensor("logits" + k);
+    torch::Tensor timm_pixels, hf_pixels;
+    our_logits(timm_model, images[i], &timm_pixels);
+    const auto hf_logits = our_logits(hf_model, images[i], &hf_pixels);
+    const auto predict_logits = torch::tensor(predictions[i]["logits"].get<std::vector<float>>()).unsqueeze(0);
+    const double hf_pixel_diff = max_abs_diff(hf_pixels, their_pixels);
+    const double hf_logit_diff = max_abs_diff(hf_logits, their_logits);
+    const double timm_pixel_diff = max_abs_diff(timm_pixels, their_pixels);
+    const double predict_diff = max_abs_diff(predict_logits, their_logits);
+    std::cout << std::filesystem::path(images[i]).filename().string() << ": exported folder in vit vs transformers (PIL): max |d| pixels " << hf_pixel_diff
+              << ", logits " << hf_logit_diff << "; vit predict on the timm model vs transformers: pixels "
+              << timm_pixel_diff << ", logits " << predict_diff << "\n";
+    expect_within_one_level(hf_pixels, theirs.tensor("pixels_torchvision" + k), hf_model.preprocess);
+    EXPECT_LE(hf_pixel_diff, 1e-5) << images[i];
+    EXPECT_LE(hf_logit_diff, kLogitTolerance) << images[i];
+    if (i == 0) {  // margins that centre alike: the export reproduces the timm model
+      EXPECT_LE(timm_pixel_diff, 1e-5);
+      EXPECT_LE(predict_diff, kLogitTolerance);
+    } else {  // a 23-column margin: transformers' crop starts one column left of timm's
+      EXPECT_GT(timm_pixel_diff, 1e-3) << "the odd margin no longer tells the two crops apart";
+    }
+  }
+}
+
 TEST(Export, WhatTheFormatCannotRepresentFailsAndLeavesNothing) {
   TempDir dir;
   ModelConfig avg = test::tiny_vit(16, 8, 3, 2, 16, 1, 2, 2.0);
@@ -308,8 +373,11 @@ TEST(Export, WhatTheFormatCannotRepresentFailsAndLeavesNothing) {
             std::string::npos);
   Preprocess cropped;
   cropped.crop_pct = 0.9;
-  auto token = our_model(test::tiny_vit(16, 8, 3, 2, 16, 1, 2, 2.0), cropped, dir / "token.safetensors");
-  EXPECT_NE(error_of([&] { export_model(token, {ExportFormat::hf, dir / "hf", false}); }).find("crop_pct"),
+  ModelConfig rectangle = test::tiny_vit(16, 8, 3, 2, 16, 1, 2, 2.0);
+  rectangle.img_w = 24;
+  auto token = our_model(rectangle, cropped, dir / "token.safetensors");
+  EXPECT_NE(error_of([&] { export_model(token, {ExportFormat::hf, dir / "hf", false}); })
+                .find("crop_mode center at the rectangular size 16x24"),
             std::string::npos);
   // An existing folder is never merged into or replaced.
   make_dirs(dir / "taken");
@@ -368,6 +436,64 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
             std::string::npos);
   EXPECT_NE(refusal("empty", R"({"foo": 1})").find("neither a timm config"), std::string::npos);
   EXPECT_NE(error_of([&] { load_model(dir.path()); }).find("without config.json"), std::string::npos);
+}
+
+// Hugging Face processors as our preprocessing: ViTImageProcessor squashes; BiT / CLIP resize the shortest edge (or
+// both sides) and centre-crop with the floor offset; what vit's preprocessing cannot hold fails naming the key.
+TEST(Snapshot, HfProcessorsThatCropAndTheirRefusals) {
+  TempDir dir;
+  int case_number = 0;
+  auto read = [&](const nlohmann::json& processor, Snapshot* out) {
+    const std::string folder = dir / ("case" + std::to_string(case_number++));
+    test::write_bytes(folder + "/config.json", R"({"model_type": "vit", "image_size": 48, "patch_size": 16,
+        "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64})");
+    test::write_bytes(folder + "/model.safetensors", "");
+    test::write_bytes(folder + "/preprocessor_config.json", processor.dump());
+    return error_of([&] { *out = read_snapshot(folder); });
+  };
+  Snapshot s;
+  ASSERT_EQ(read({{"image_processor_type", "CLIPImageProcessor"}, {"size", {{"shortest_edge", 54}}},
+                  {"crop_size", {{"height", 48}, {"width", 48}}}},
+                 &s),
+            "(no error)");
+  EXPECT_EQ(s.preprocess.crop_mode, CropMode::center);
+  EXPECT_EQ(s.preprocess.crop_offset, CropOffset::floor);
+  EXPECT_EQ(s.preprocess.interpolation, Interpolation::bicubic);  // the class's default
+  EXPECT_NEAR(s.preprocess.mean[0], 0.48145466, 1e-9);            // OpenAI CLIP's
+  EXPECT_EQ(eval_scale(48, s.preprocess.crop_pct), 54);
+  EXPECT_EQ(eval_resize_shape(100, 60, s.preprocess, 48, 48).height, 90);  // int(54 * 100 / 60)
+  ASSERT_EQ(read({{"image_processor_type", "BitImageProcessorPil"}, {"size", {{"height", 56}, {"width", 56}}},
+                  {"crop_size", {{"height", 48}, {"width", 48}}}, {"resample", 2}},
+                 &s),
+            "(no error)");
+  EXPECT_EQ(s.preprocess.crop_mode, CropMode::squash);
+  EXPECT_EQ(eval_resize_shape(100, 60, s.preprocess, 48, 48).width, 56);
+  EXPECT_EQ(s.preprocess.interpolation, Interpolation::bilinear);
+  ASSERT_EQ(read({{"image_processor_type", "ViTImageProcessor"}}, &s), "(no error)");
+  EXPECT_EQ(s.preprocess.crop_mode, CropMode::squash);
+  EXPECT_EQ(s.preprocess.crop_offset, CropOffset::round);  // no crop at all: either rule
+  EXPECT_EQ(s.preprocess.crop_pct, 1.0);
+
+  auto refused = [&](const nlohmann::json& processor, const std::string& expected) {
+    const auto error = read(processor, &s);
+    EXPECT_NE(error.find("preprocessor_config.json: "), std::string::npos) << error;
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+  };
+  refused({{"image_processor_type", "ConvNextImageProcessor"}}, "image_processor_type \"ConvNextImageProcessor\"");
+  refused({{"image_processor_type", "BitImageProcessor"}, {"size", {{"shortest_edge", 54}}},
+           {"crop_size", {{"height", 32}, {"width", 32}}}},
+          "crop_size {\"height\":32,\"width\":32} differs from the model's image_size 48x48");
+  refused({{"image_processor_type", "BitImageProcessor"}, {"size", {{"shortest_edge", 40}}},
+           {"crop_size", {{"height", 48}, {"width", 48}}}},
+          "size.shortest_edge 40 is smaller than crop_size 48x48");
+  refused({{"image_processor_type", "BitImageProcessor"}, {"size", {{"height", 56}, {"width", 64}}},
+           {"crop_size", {{"height", 48}, {"width", 48}}}},
+          "crop the two sides by different fractions");
+  refused({{"image_processor_type", "BitImageProcessor"}, {"size", {{"shortest_edge", 54}}},
+           {"do_center_crop", false}},
+          "and nothing crops it");
+  refused({{"image_processor_type", "ViTImageProcessor"}, {"size", {{"height", 32}, {"width", 32}}}},
+          "differs from the model's image_size 48x48");
 }
 
 TEST(SnapshotNames, EveryTimmTensorHasOneHfNameAndBack) {

@@ -21,6 +21,11 @@ VIT_ENUM_NAMES(Interpolation, "bilinear", "bicubic");
 // size / crop_pct); squash resizes both sides to size / crop_pct (Hugging Face's ViTImageProcessor, timm's 384 models).
 enum class CropMode { center, squash };
 VIT_ENUM_NAMES(CropMode, "center", "squash");
+// Where a centre crop with an odd margin puts its extra pixel: round as torchvision's center_crop does (timm; Python's
+// round of margin / 2, ties to even), or floor as transformers' image processors do (margin // 2). They differ when
+// the margin is 3 mod 4.
+enum class CropOffset { round, floor };
+VIT_ENUM_NAMES(CropOffset, "round", "floor");
 enum class DataFormat { folder, csv, mnist, fashion_mnist, cifar10, cifar100, wds };
 VIT_ENUM_NAMES(DataFormat, "folder", "csv", "mnist", "fashion_mnist", "cifar10", "cifar100", "wds");
 // What a dataset image that cannot be decoded does: stop the run, or leave it out (and list it at the end).
@@ -46,6 +51,7 @@ struct Preprocess {
   // Evaluation geometry, as timm's eval transform: resize to floor(size / crop_pct), then centre crop to the size.
   double crop_pct = 1.0;                  // fraction of the resized image the centre crop keeps, (0, 1]
   CropMode crop_mode = CropMode::center;  // center: keep the aspect ratio (shorter side); squash: both sides
+  CropOffset crop_offset = CropOffset::round;  // round: timm's; floor: a Hugging Face processor's
 };
 
 // Training-time augmentation; everything off by default.

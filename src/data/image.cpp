@@ -223,9 +223,10 @@ RawImage crop_image(const RawImage& image, int64_t top, int64_t left, int64_t he
   return out;
 }
 
-int64_t centre_crop_offset(int64_t size, int64_t crop) {
+int64_t centre_crop_offset(int64_t size, int64_t crop, CropOffset offset) {
   const int64_t difference = size - crop;
   const int64_t half = difference / 2;
+  if (offset == CropOffset::floor) return half;  // the margin is never negative: the resize covers the crop
   // round(difference / 2.0) with ties to even, as Python rounds.
   if (difference % 2 == 0) return half;
   return half % 2 == 0 ? half : half + 1;
@@ -254,9 +255,13 @@ Normalizer::Normalizer(const Preprocess& preprocess, int64_t channels) : channel
   }
 }
 
+int64_t eval_scale(int64_t size, double crop_pct) {
+  return static_cast<int64_t>(std::floor(static_cast<double>(size) / crop_pct + 1e-9));
+}
+
 ResizeShape eval_resize_shape(int64_t image_h, int64_t image_w, const Preprocess& p, int64_t height, int64_t width) {
-  const auto scale = static_cast<int64_t>(std::floor(static_cast<double>(height) / p.crop_pct));
-  const auto scale_w = static_cast<int64_t>(std::floor(static_cast<double>(width) / p.crop_pct));
+  const auto scale = eval_scale(height, p.crop_pct);
+  const auto scale_w = eval_scale(width, p.crop_pct);
   if (p.crop_mode == CropMode::squash) return {scale, scale_w};
   if (height != width) {
     // timm's ResizeKeepRatio(longest=0): the side that needs the least shrinking fits, the other keeps the aspect
@@ -302,8 +307,8 @@ torch::Tensor preprocess(const RawImage& image, const Preprocess& p, const Norma
     storage = resize_image(*current, resize_h, resize_w, p.interpolation);
     current = &storage;
   }
-  const int64_t top = centre_crop_offset(current->height, height);
-  const int64_t left = centre_crop_offset(current->width, width);
+  const int64_t top = centre_crop_offset(current->height, height, p.crop_offset);
+  const int64_t left = centre_crop_offset(current->width, width, p.crop_offset);
 
   torch::Tensor out = torch::empty({channels, height, width}, torch::kFloat32);  // (C, H, W)
   float* dst = out.data_ptr<float>();

@@ -85,9 +85,13 @@ RawImage resize_image(const RawImage& image, int64_t height, int64_t width, Inte
 // The window [top, top + height) x [left, left + width); throws when it is not inside the image.
 RawImage crop_image(const RawImage& image, int64_t top, int64_t left, int64_t height, int64_t width);
 
-// Offset of a centred crop of `crop` out of `size`, rounded like torchvision's center_crop (Python's round,
-// ties to even), so crops match timm's pixel for pixel.
-int64_t centre_crop_offset(int64_t size, int64_t crop);
+// Offset of a centred crop of `crop` out of `size`: rounded like torchvision's center_crop (Python's round, ties to
+// even), so crops match timm's pixel for pixel, or with CropOffset::floor as transformers' processors crop.
+int64_t centre_crop_offset(int64_t size, int64_t crop, CropOffset offset = CropOffset::round);
+
+// The side a `size` crop is taken from: floor(size / crop_pct), as timm's eval transform computes it (with 1e-9 of
+// slack, so that a crop_pct read as size / resized gives `resized` back).
+int64_t eval_scale(int64_t size, double crop_pct);
 
 // The evaluation geometry, the one place it is computed (preprocess() and export-attention's crop window use it):
 // the size an image_h x image_w image is resized to before the centre crop to height x width.

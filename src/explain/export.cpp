@@ -215,7 +215,8 @@ cv::Rect ModelView::in(cv::Size size) const {
 
 ModelView model_view(int64_t image_h, int64_t image_w, const Preprocess& preprocess, int64_t height, int64_t width) {
   const auto [resize_h, resize_w] = eval_resize_shape(image_h, image_w, preprocess, height, width);  // as preprocess()
-  const int64_t top = centre_crop_offset(resize_h, height), left = centre_crop_offset(resize_w, width);
+  const int64_t top = centre_crop_offset(resize_h, height, preprocess.crop_offset);
+  const int64_t left = centre_crop_offset(resize_w, width, preprocess.crop_offset);
   ModelView view;
   view.top = static_cast<double>(top) / resize_h;
   view.bottom = static_cast<double>(top + height) / resize_h;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/timm_architectures.h"
+#include "data/image.h"
 #include "util/fs.h"
 
 namespace vit {
@@ -320,6 +321,103 @@ void read_timm(const json& config, Snapshot& s) {
 
 // ---- Hugging Face ----
 
+// A Hugging Face image processor (preprocessor_config.json; an empty object: ViTImageProcessor's defaults) as our
+// preprocessing. ViTImageProcessor resizes straight to the model size (crop_pct 1, squash). BitImageProcessor and
+// CLIPImageProcessor (their Pil / Fast backends too) resize the shortest edge to size.shortest_edge keeping the
+// ratio, or both sides to size.{height, width}, then centre-crop to crop_size with the floor offset: timm's
+// eval transform with crop_pct = crop / resized, crop_offset floor. Anything else fails naming the key.
+Preprocess read_hf_processor(const json& pre, const std::string& pre_file, const ModelConfig& m) {
+  const auto type_name = get_or<std::string>(pre, "image_processor_type", "ViTImageProcessor", pre_file);
+  auto is = [&](const std::string& base) {
+    return type_name == base || type_name == base + "Pil" || type_name == base + "Fast";
+  };
+  const bool vit_type = is("ViTImageProcessor");
+  const bool cropping_type = is("BitImageProcessor") || is("CLIPImageProcessor");
+  if (!vit_type && !cropping_type) {
+    fail(pre_file, "image_processor_type \"" + type_name +
+                       "\" is not supported (vit reads ViTImageProcessor, BitImageProcessor and CLIPImageProcessor)");
+  }
+  const std::string model_size = std::to_string(m.img_h) + "x" + std::to_string(m.img_w);
+  Preprocess p;
+  if (vit_type) {  // its class defaults
+    p.mean = {0.5, 0.5, 0.5}, p.std = {0.5, 0.5, 0.5};
+    p.interpolation = Interpolation::bilinear;
+  } else {  // BiT's and CLIP's: OpenAI CLIP's mean and std, bicubic
+    p.mean = {0.48145466, 0.4578275, 0.40821073}, p.std = {0.26862954, 0.26130258, 0.27577711};
+    p.interpolation = Interpolation::bicubic;
+  }
+  p.crop_mode = CropMode::squash;
+  p.crop_pct = 1.0;
+  if (!get_or<bool>(pre, "do_resize", true, pre_file)) {
+    fail(pre_file, "do_resize false is not supported (the model needs " + model_size + " inputs)");
+  }
+  auto given = [&](const char* key, const json& otherwise) {
+    return pre.contains(key) && !pre[key].is_null() ? pre[key] : otherwise;
+  };
+  // Without a size, ViTImageProcessor is taken at the model's (as before files had one); BiT / CLIP at the class's.
+  const json size = given("size", vit_type ? json{{"height", m.img_h}, {"width", m.img_w}} : json{{"shortest_edge", 224}});
+  auto side = [&](const json& object, const char* key) {
+    const json v = object.is_object() ? object.value(key, json()) : json();
+    return v.is_number_integer() && v.get<int64_t>() > 0 ? v.get<int64_t>() : int64_t{-1};
+  };
+  const int64_t shortest = side(size, "shortest_edge");
+  int64_t resize_h = side(size, "height"), resize_w = side(size, "width");
+  if (size.is_number_integer()) resize_h = resize_w = size.get<int64_t>();  // older files: one number
+  if (shortest < 0 && (resize_h < 0 || resize_w < 0)) {
+    fail(pre_file, "size " + show(size) + " is neither {\"height\", \"width\"} nor {\"shortest_edge\"}");
+  }
+  const bool crop = cropping_type && get_or<bool>(pre, "do_center_crop", true, pre_file);
+  if (!crop) {
+    if (shortest > 0 || resize_h != m.img_h || resize_w != m.img_w) {
+      fail(pre_file, "size " + show(size) + " differs from the model's image_size " + model_size +
+                         " and nothing crops it (vit reads size as {\"height\", \"width\"})");
+    }
+  } else {
+    const json crop_size = given("crop_size", json{{"height", 224}, {"width", 224}});
+    int64_t crop_h = side(crop_size, "height"), crop_w = side(crop_size, "width");
+    if (crop_size.is_number_integer()) crop_h = crop_w = crop_size.get<int64_t>();
+    if (crop_h != m.img_h || crop_w != m.img_w) {
+      fail(pre_file, "crop_size " + show(crop_size) + " differs from the model's image_size " + model_size);
+    }
+    p.crop_offset = CropOffset::floor;
+    if (shortest > 0) {
+      // The shorter side to `shortest`, the other keeping the ratio (int(shortest * long / short)), as timm's
+      // crop_mode center resizes for a square model.
+      if (m.img_h != m.img_w) {
+        fail(pre_file, "size.shortest_edge with the rectangular crop_size " + model_size +
+                           " is not supported (timm resizes a rectangle by another rule: ResizeKeepRatio)");
+      }
+      if (shortest < m.img_h) {
+        fail(pre_file, "size.shortest_edge " + std::to_string(shortest) + " is smaller than crop_size " + model_size);
+      }
+      p.crop_mode = CropMode::center;
+      p.crop_pct = static_cast<double>(m.img_h) / static_cast<double>(shortest);
+    } else {
+      // Both sides to (resize_h, resize_w), then the crop: squash with one crop_pct for both sides.
+      p.crop_pct = static_cast<double>(m.img_h) / static_cast<double>(resize_h);
+      if (resize_h < m.img_h || resize_w < m.img_w || eval_scale(m.img_w, p.crop_pct) != resize_w) {
+        fail(pre_file, "size " + show(size) + " and crop_size " + model_size +
+                           " crop the two sides by different fractions, which vit's one crop_pct cannot hold");
+      }
+    }
+  }
+  if (pre.contains("resample")) p.interpolation = interpolation_from(pre["resample"], pre_file, "resample");
+  const bool rescale = get_or<bool>(pre, "do_rescale", true, pre_file);
+  const double factor = get_or<double>(pre, "rescale_factor", 1.0 / 255.0, pre_file);
+  if (!rescale || std::abs(factor * 255.0 - 1.0) > 1e-9) {
+    fail(pre_file, "rescale other than x / 255 is not supported (do_rescale " + std::string(rescale ? "true" : "false") +
+                       ", rescale_factor " + num(factor) + ")");
+  }
+  if (get_or<bool>(pre, "do_normalize", true, pre_file)) {
+    if (pre.contains("image_mean")) p.mean = numbers(pre["image_mean"], pre_file, "image_mean");
+    if (pre.contains("image_std")) p.std = numbers(pre["image_std"], pre_file, "image_std");
+  } else {
+    p.mean = {0.0}, p.std = {1.0};
+  }
+  return p;
+}
+
+
 void read_hf(const json& config, Snapshot& s) {
   const std::string file = s.dir + "/config.json";
   const std::string type = get_or<std::string>(config, "model_type", "", file);
@@ -380,51 +478,17 @@ void read_hf(const json& config, Snapshot& s) {
     s.sources.emplace_back("class_names", "config.json: id2label");
   }
 
-  // ViTImageProcessor: resize straight to size (no crop), rescale, normalise. Its defaults without the file.
-  Preprocess p;
-  p.mean = {0.5, 0.5, 0.5}, p.std = {0.5, 0.5, 0.5};
-  p.interpolation = Interpolation::bilinear;
-  p.crop_mode = CropMode::squash;
-  p.crop_pct = 1.0;
   const std::string pre_file = s.dir + "/preprocessor_config.json";
   if (file_exists(pre_file)) {
     const json pre = read_json(pre_file);
-    const auto type_name = get_or<std::string>(pre, "image_processor_type", "ViTImageProcessor", pre_file);
-    if (type_name != "ViTImageProcessor" && type_name != "ViTImageProcessorPil" &&
-        type_name != "ViTImageProcessorFast") {
-      fail(pre_file, "image_processor_type \"" + type_name + "\" is not supported (vit reads ViTImageProcessor)");
-    }
-    if (!get_or<bool>(pre, "do_resize", true, pre_file)) {
-      fail(pre_file, "do_resize false is not supported (the model needs " + std::to_string(m.img_h) + "x" +
-                         std::to_string(m.img_w) + " inputs)");
-    }
-    if (pre.contains("size") && !pre["size"].is_null()) {
-      const json& sz = pre["size"];
-      const int64_t h = sz.is_object() ? sz.value("height", int64_t{-1}) : sz.is_number_integer() ? sz.get<int64_t>() : -1;
-      const int64_t w = sz.is_object() ? sz.value("width", int64_t{-1}) : h;
-      if (h != m.img_h || w != m.img_w) {
-        fail(pre_file, "size " + show(sz) + " differs from the model's image_size " + std::to_string(m.img_h) + "x" +
-                           std::to_string(m.img_w) + " (vit reads size as {\"height\", \"width\"})");
-      }
-    }
-    if (pre.contains("resample")) p.interpolation = interpolation_from(pre["resample"], pre_file, "resample");
-    const bool rescale = get_or<bool>(pre, "do_rescale", true, pre_file);
-    const double factor = get_or<double>(pre, "rescale_factor", 1.0 / 255.0, pre_file);
-    if (!rescale || std::abs(factor * 255.0 - 1.0) > 1e-9) {
-      fail(pre_file, "rescale other than x / 255 is not supported (do_rescale " + std::string(rescale ? "true" : "false") +
-                         ", rescale_factor " + num(factor) + ")");
-    }
-    if (get_or<bool>(pre, "do_normalize", true, pre_file)) {
-      if (pre.contains("image_mean")) p.mean = numbers(pre["image_mean"], pre_file, "image_mean");
-      if (pre.contains("image_std")) p.std = numbers(pre["image_std"], pre_file, "image_std");
-    } else {
-      p.mean = {0.0}, p.std = {1.0};
-    }
-    s.sources.emplace_back("preprocess", "preprocessor_config.json: ViTImageProcessor");
+    s.preprocess = read_hf_processor(pre, pre_file, m);
+    s.sources.emplace_back("preprocess", "preprocessor_config.json: " +
+                                             get_or<std::string>(pre, "image_processor_type", "ViTImageProcessor",
+                                                                 pre_file));
   } else {
+    s.preprocess = read_hf_processor(json::object(), pre_file, m);
     s.sources.emplace_back("preprocess", "ViTImageProcessor's defaults (no preprocessor_config.json)");
   }
-  s.preprocess = p;
 }
 
 }  // namespace
@@ -697,9 +761,10 @@ std::map<std::string, json> snapshot_files(SnapshotKind kind, const ModelConfig&
   if (m.num_classes <= 0) refuse("a model without a classifier head (num_classes 0)");
   const double hidden = m.embed_dim * m.mlp_ratio;
   if (hidden != std::floor(hidden)) refuse("mlp_ratio " + num(m.mlp_ratio) + " (not a whole MLP width)");
-  if (p.crop_pct != 1.0 || p.crop_mode != CropMode::squash) {
-    refuse("crop_pct " + num(p.crop_pct) + " with crop_mode " + name_of(p.crop_mode) +
-           " (ViTImageProcessor resizes straight to the model size, without a crop: crop_pct 1, crop_mode squash)");
+  const bool crops = p.crop_pct != 1.0 || p.crop_mode != CropMode::squash;
+  if (crops && p.crop_mode == CropMode::center && m.img_h != m.img_w) {
+    refuse("crop_mode center at the rectangular size " + std::to_string(m.img_h) + "x" + std::to_string(m.img_w) +
+           " (timm resizes until both sides cover it, keeping the ratio: no transformers processor resizes so)");
   }
   json id2label = json::object(), label2id = json::object();
   for (int64_t i = 0; i < m.num_classes; ++i) {
@@ -728,6 +793,26 @@ std::map<std::string, json> snapshot_files(SnapshotKind kind, const ModelConfig&
                           {"label2id", label2id},
                           {"dtype", "float32"}};
   const int resample = p.interpolation == Interpolation::bicubic ? 3 : 2;
+  if (crops) {
+    // timm's eval transform as BitImageProcessor: the shorter side (center) or both sides (squash) to
+    // floor(size / crop_pct), then the centre crop, whose odd pixel transformers puts by floor where timm rounds.
+    const int64_t scale_h = eval_scale(m.img_h, p.crop_pct), scale_w = eval_scale(m.img_w, p.crop_pct);
+    const json size = p.crop_mode == CropMode::center ? json{{"shortest_edge", scale_h}}
+                                                      : json{{"height", scale_h}, {"width", scale_w}};
+    files["preprocessor_config.json"] = {{"image_processor_type", "BitImageProcessor"},
+                                         {"do_resize", true},
+                                         {"size", size},
+                                         {"resample", resample},
+                                         {"do_center_crop", true},
+                                         {"crop_size", {{"height", m.img_h}, {"width", m.img_w}}},
+                                         {"do_rescale", true},
+                                         {"rescale_factor", 1.0 / 255.0},
+                                         {"do_normalize", true},
+                                         {"image_mean", mean},
+                                         {"image_std", std_},
+                                         {"do_convert_rgb", true}};
+    return files;
+  }
   files["preprocessor_config.json"] = {{"image_processor_type", "ViTImageProcessor"},
                                        {"do_resize", true},
                                        {"size", {{"height", m.img_h}, {"width", m.img_w}}},
