@@ -128,7 +128,7 @@ const char* const kEveryKey = R"({
             "act_layer": "quick_gelu", "drop_rate": 0.1, "attn_drop_rate": 0.2,
             "proj_drop_rate": 0.3, "drop_path_rate": 0.4, "init_values": 0.001, "layer_norm_eps": 1e-5,
             "rel_pos_bias": true},
-  "data": {"mean": [0.25], "std": [0.75], "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "squash",
+  "data": {"mean": [0.25], "std": [0.75], "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "squash", "crop_offset": "floor",
            "format": "csv", "root": "r", "train_dir": "td", "val_dir": "vd", "test_dir": "sd", "train_csv": "t.csv",
            "val_csv": "v.csv", "test_csv": "s.csv", "train_shards": "t-{0..3}.tar", "val_shards": "v.tar",
            "test_shards": "s.txt", "shuffle_buffer": 50, "label_field": "y", "val_fraction": 0.2, "train_subset": 100, "val_subset": 50,
