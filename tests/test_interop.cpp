@@ -446,7 +446,8 @@ TEST(Snapshot, HfProcessorsThatCropAndTheirRefusals) {
   auto read = [&](const nlohmann::json& processor, Snapshot* out) {
     const std::string folder = dir / ("case" + std::to_string(case_number++));
     test::write_bytes(folder + "/config.json", R"({"model_type": "vit", "image_size": 48, "patch_size": 16,
-        "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64})");
+        "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+        "layer_norm_eps": 1e-6})");
     test::write_bytes(folder + "/model.safetensors", "");
     test::write_bytes(folder + "/preprocessor_config.json", processor.dump());
     return error_of([&] { *out = read_snapshot(folder); });
@@ -462,6 +463,15 @@ TEST(Snapshot, HfProcessorsThatCropAndTheirRefusals) {
   EXPECT_NEAR(s.preprocess.mean[0], 0.48145466, 1e-9);            // OpenAI CLIP's
   EXPECT_EQ(eval_scale(48, s.preprocess.crop_pct), 54);
   EXPECT_EQ(eval_resize_shape(100, 60, s.preprocess, 48, 48).height, 90);  // int(54 * 100 / 60)
+  // Python's floor(48 / (48 / 59)) is 58: the timm export writes a crop_pct that gives timm 59 back.
+  ASSERT_EQ(read({{"image_processor_type", "BitImageProcessor"}, {"size", {{"shortest_edge", 59}}},
+                  {"crop_size", {{"height", 48}, {"width", 48}}}},
+                 &s),
+            "(no error)");
+  EXPECT_EQ(eval_scale(48, s.preprocess.crop_pct), 59);
+  const double timm_pct =
+      snapshot_files(SnapshotKind::timm, s.model, s.preprocess, {})["config.json"]["pretrained_cfg"]["crop_pct"];
+  EXPECT_EQ(std::floor(48.0 / timm_pct), 59.0) << timm_pct;
   ASSERT_EQ(read({{"image_processor_type", "BitImageProcessorPil"}, {"size", {{"height", 56}, {"width", 56}}},
                   {"crop_size", {{"height", 48}, {"width", 48}}}, {"resample", 2}},
                  &s),

@@ -319,6 +319,15 @@ void read_timm(const json& config, Snapshot& s) {
   if (!s.class_names.empty()) s.sources.emplace_back("class_names", "config.json: label_names");
 }
 
+// The crop_pct to write for timm, which computes floor(size / crop_pct) without our slack (eval_scale): one read from
+// a Hugging Face processor as size / resized can land just under `resized` there (48 / (48 / 54) in some sizes), so
+// such a crop_pct is written as size / (resized + 0.5), which gives `resized` back either way.
+double timm_crop_pct(const Preprocess& p, const ModelConfig& m) {
+  const int64_t resized = eval_scale(m.img_h, p.crop_pct);
+  if (std::floor(static_cast<double>(m.img_h) / p.crop_pct) == static_cast<double>(resized)) return p.crop_pct;
+  return static_cast<double>(m.img_h) / (static_cast<double>(resized) + 0.5);
+}
+
 // ---- Hugging Face ----
 
 // A Hugging Face image processor (preprocessor_config.json; an empty object: ViTImageProcessor's defaults) as our
@@ -728,7 +737,7 @@ std::map<std::string, json> snapshot_files(SnapshotKind kind, const ModelConfig&
                 {"input_size", json::array({m.in_chans, m.img_h, m.img_w})},
                 {"fixed_input_size", true},
                 {"interpolation", name_of(p.interpolation)},
-                {"crop_pct", p.crop_pct},
+                {"crop_pct", timm_crop_pct(p, m)},
                 {"crop_mode", name_of(p.crop_mode)},
                 {"mean", mean},
                 {"std", std_},
