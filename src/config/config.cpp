@@ -2,6 +2,7 @@
 // a wrong type or a bad value fails with "<file>: <path>: <value> <what was expected>".
 #include "config/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -660,6 +661,10 @@ std::vector<std::string> config_keys() {
   visit_data(c.data, data);
   visit_train(c.train, train);
   return keys;
+}
+
+int64_t eval_scale(int64_t size, double crop_pct) {
+  return static_cast<int64_t>(std::floor(static_cast<double>(size) / crop_pct + 1e-9));
 }
 
 }  // namespace vit

@@ -54,6 +54,10 @@ struct Preprocess {
   CropOffset crop_offset = CropOffset::round;  // round: timm's; floor: a Hugging Face processor's
 };
 
+// The side a `size` crop is taken from: floor(size / crop_pct), as timm's eval transform computes it (with 1e-9 of
+// slack, so that a crop_pct read as size / resized gives `resized` back).
+int64_t eval_scale(int64_t size, double crop_pct);
+
 // Training-time augmentation; everything off by default.
 struct AugmentConfig {
   bool random_resized_crop = false;            // RandomResizedCrop to the model size

@@ -255,10 +255,6 @@ Normalizer::Normalizer(const Preprocess& preprocess, int64_t channels) : channel
   }
 }
 
-int64_t eval_scale(int64_t size, double crop_pct) {
-  return static_cast<int64_t>(std::floor(static_cast<double>(size) / crop_pct + 1e-9));
-}
-
 ResizeShape eval_resize_shape(int64_t image_h, int64_t image_w, const Preprocess& p, int64_t height, int64_t width) {
   const auto scale = eval_scale(height, p.crop_pct);
   const auto scale_w = eval_scale(width, p.crop_pct);

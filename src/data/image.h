@@ -89,9 +89,6 @@ RawImage crop_image(const RawImage& image, int64_t top, int64_t left, int64_t he
 // even), so crops match timm's pixel for pixel, or with CropOffset::floor as transformers' processors crop.
 int64_t centre_crop_offset(int64_t size, int64_t crop, CropOffset offset = CropOffset::round);
 
-// The side a `size` crop is taken from: floor(size / crop_pct), as timm's eval transform computes it (with 1e-9 of
-// slack, so that a crop_pct read as size / resized gives `resized` back).
-int64_t eval_scale(int64_t size, double crop_pct);
 
 // The evaluation geometry, the one place it is computed (preprocess() and export-attention's crop window use it):
 // the size an image_h x image_w image is resized to before the centre crop to height x width.

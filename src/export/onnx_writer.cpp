@@ -391,7 +391,8 @@ std::string resampled_pos_embed(GraphBuilder& b, const std::string& pos, const G
     grid_rows = b.op("Slice", {pos, b.ints({prefix_rows}), b.ints({g.pos_rows}), b.ints({1})}, "pos_embed.grid_rows");
   }
   auto grid = b.op("Reshape", {grid_rows, b.ints({1, g.gh, g.gw, g.D})}, "pos_embed.grid_nhwc");
-  attribute(b.node("Transpose", {grid}, "pos_embed.grid"), "perm", std::vector<int64_t>{0, 3, 1, 2});  // (1, D, gh0, gw0)
+  // (1, D, gh0, gw0)
+  attribute(b.node("Transpose", {grid}, "pos_embed.grid"), "perm", std::vector<int64_t>{0, 3, 1, 2});
   auto* new_grid = b.node("Shape", {"patch_embed.proj"}, "pos_embed.new_grid");  // [gh, gw] of this input
   attribute(new_grid, "start", int64_t{2});
   attribute(new_grid, "end", int64_t{4});

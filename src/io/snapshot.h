@@ -6,7 +6,9 @@
 //   model.safetensors. Plain ViT names vit_{tiny,small,base,large,huge}_patch{P}_{size}[.tag] resolve to their
 //   sizes; model_args override them; any model_args option our model lacks is refused by name.
 // Hugging Face (`save_pretrained`): config.json {model_type "vit", sizes, layer_norm_eps, id2label} +
-//   model.safetensors + preprocessor_config.json (ViTImageProcessor: resize straight to `size`, no crop).
+//   model.safetensors + preprocessor_config.json (ViTImageProcessor: resize straight to `size`, no crop; or
+//   BitImageProcessor / CLIPImageProcessor: the shortest edge or both sides, then a centre crop).
+// The shared part lives in snapshot.cpp, each format's reader and writer in snapshot_timm.cpp and snapshot_hf.cpp.
 #pragma once
 
 #include <map>

@@ -1,0 +1,293 @@
+// timm snapshot folders (save_for_hf / push_to_hub): config.json's architecture, model_args, pretrained_cfg and
+// label_names to our config and back, and the timm architecture name for a model.
+#include <cmath>
+
+#include "config/timm_architectures.h"
+#include "io/snapshot_json.h"
+
+namespace vit {
+namespace snapshot_detail {
+namespace {
+
+// model_args of timm's VisionTransformer we read, and the options we lack with the value that means "off".
+void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& file) {
+  if (!args.is_object()) fail(file, "model_args: " + show(args) + " is not an object");
+  // Options of timm's VisionTransformer that change the architecture, each accepted only at its plain-ViT value.
+  const std::map<std::string, json> plain = {
+      {"dynamic_img_pad", false},  {"norm_layer", "layernorm"}, {"embed_layer", "PatchEmbed"}, {"block_fn", "Block"},
+      {"mlp_layer", "Mlp"},        {"patch_bias", true},        {"ignore_head", false},        {"attn_layer", "attn"},
+      {"proj_bias", true},         {"pool_include_prefix", false}, {"pos_embed", "learn"},   {"scale_attn_norm", false},
+      {"scale_mlp_norm", false},   {"embed_norm_layer", nullptr},
+  };
+  // Options that do not change the weights or the inference result. dynamic_img_size: vit runs every size divisible
+  // by the patch, resampling the position embedding as timm's dynamic_img_size does.
+  const std::set<std::string> harmless = {"weight_init", "fix_init", "pos_drop_rate", "patch_drop_rate",
+                                          "pretrained_cfg_overlay", "dynamic_img_size"};
+  for (const auto& item : args.items()) {
+    // Not a structured binding: C++17 lambdas cannot capture one (clang refuses; the sanitizer build uses clang).
+    const std::string& key = item.key();
+    const json& value = item.value();
+    const std::string where = "model_args." + key;
+    auto number = [&]() -> double {
+      if (!value.is_number()) fail(file, where + ": " + show(value) + " is not a number");
+      return value.get<double>();
+    };
+    auto count = [&]() -> int64_t {
+      if (!value.is_number_integer()) fail(file, where + ": " + show(value) + " is not an integer");
+      return value.get<int64_t>();
+    };
+    auto flag = [&]() -> bool {
+      if (!value.is_boolean()) fail(file, where + ": " + show(value) + " is not true or false");
+      return value.get<bool>();
+    };
+    if (key == "img_size") {
+      if (value.is_number_integer()) {
+        m.img_h = m.img_w = value.get<int64_t>();
+      } else if (value.is_array() && value.size() == 2 && value[0].is_number_integer() &&
+                 value[1].is_number_integer()) {
+        m.img_h = value[0].get<int64_t>(), m.img_w = value[1].get<int64_t>();
+      } else {
+        fail(file, where + ": " + show(value) + " is not a size");
+      }
+    } else if (key == "patch_size") {
+      if (value.is_array() && value.size() == 2 && value[0] == value[1]) {
+        m.patch_size = value[0].get<int64_t>();
+      } else {
+        m.patch_size = count();
+      }
+    } else if (key == "in_chans") {
+      m.in_chans = count();
+    } else if (key == "num_classes") {
+      m.num_classes = count();
+    } else if (key == "embed_dim") {
+      m.embed_dim = count();
+    } else if (key == "depth") {
+      m.depth = count();
+    } else if (key == "num_heads") {
+      m.num_heads = count();
+    } else if (key == "mlp_ratio") {
+      m.mlp_ratio = number();
+    } else if (key == "qkv_bias") {
+      m.qkv_bias = flag();
+    } else if (key == "class_token") {
+      m.class_token = flag();
+    } else if (key == "reg_tokens") {
+      m.reg_tokens = count();
+    } else if (key == "no_embed_class") {
+      m.no_embed_class = flag();
+    } else if (key == "pre_norm") {
+      m.pre_norm = flag();
+    } else if (key == "final_norm") {
+      m.final_norm = flag();
+    } else if (key == "qk_norm") {
+      m.qk_norm = flag();
+    } else if (key == "act_layer") {
+      const std::string act = value.is_string() ? value.get<std::string>() : show(value);
+      auto parsed = enum_from_name<Activation>(act);
+      if (!parsed) fail(file, where + ": \"" + act + "\" is not supported (vit has " + enum_choices<Activation>() + ")");
+      m.act_layer = *parsed;
+    } else if (key == "global_pool") {
+      const std::string pool = value.is_string() ? value.get<std::string>() : show(value);
+      auto parsed = enum_from_name<GlobalPool>(pool);
+      if (!parsed) fail(file, where + ": \"" + pool + "\" is not supported (vit pools with " + enum_choices<GlobalPool>() + ")");
+      m.global_pool = *parsed;
+    } else if (key == "init_values") {
+      if (value.is_null()) {
+        m.init_values.reset();
+      } else {
+        m.init_values = number();
+      }
+    } else if (key == "drop_rate") {
+      m.drop_rate = number();
+    } else if (key == "attn_drop_rate") {
+      m.attn_drop_rate = number();
+    } else if (key == "proj_drop_rate") {
+      m.proj_drop_rate = number();
+    } else if (key == "drop_path_rate") {
+      m.drop_path_rate = number();
+    } else if (key == "fc_norm") {
+      if (value.is_null()) {
+        m.fc_norm.reset();
+      } else {
+        m.fc_norm = flag();
+      }
+    } else if (auto it = plain.find(key); it != plain.end()) {
+      if (!value.is_null() && value != it->second) {
+        fail(file, where + " = " + show(value) + " is not supported (vit builds only " + key + " = " +
+                       show(it->second) + ")");
+      }
+    } else if (!harmless.count(key)) {
+      fail(file, where + " = " + show(value) + " is not an option vit knows");
+    }
+  }
+  // fc_norm stays null (timm's rule) where it says what the rule says: a model round-trips through timm unchanged.
+  if (m.fc_norm && *m.fc_norm == (m.global_pool == GlobalPool::avg)) m.fc_norm.reset();
+}
+
+// What an architecture name of the wider timm ViT family needs that we lack, for the refusal.
+std::string family_needs(const std::string& arch) {
+  auto has = [&](const char* part) { return arch.find(part) != std::string::npos; };
+  if (has("distilled")) return "DeiT's distillation token (dist_token)";
+  if (has("giant") && has("dinov2")) return "a SwiGLU MLP (DINOv2 giant)";
+  if (has("aimv2")) return "RMSNorm and a SwiGLU MLP (AIMv2)";
+  if (has("beit3")) return "norms inside attention and MLP (BEiT-3)";
+  if (has("_xp_") || has("18x2") || has("rpn") || has("pwee")) return "parallel or residual-post-norm blocks";
+  if (has("dwee") || has("dlittle")) return "differential attention";
+  if (has("so400m_patch14") && has("_384")) return "an input size that is not a whole number of patches (384 / 14)";
+  if (has("eva") || has("beit")) return "rotary or relative position embeddings (timm's EVA and BEiT classes)";
+  return "";
+}
+
+// The crop_pct to write for timm, which computes floor(size / crop_pct) without our slack (eval_scale): one read from
+// a Hugging Face processor as size / resized can land just under `resized` there (48 / (48 / 54) in some sizes), so
+// such a crop_pct is written as size / (resized + 0.5), which gives `resized` back either way.
+double timm_crop_pct(const Preprocess& p, const ModelConfig& m) {
+  const int64_t resized = eval_scale(m.img_h, p.crop_pct);
+  if (std::floor(static_cast<double>(m.img_h) / p.crop_pct) == static_cast<double>(resized)) return p.crop_pct;
+  return static_cast<double>(m.img_h) / (static_cast<double>(resized) + 0.5);
+}
+
+}  // namespace
+
+void read_timm(const json& config, Snapshot& s) {
+  const std::string file = s.dir + "/config.json";
+  const std::string full = get_or<std::string>(config, "architecture", "", file);
+  if (full.empty()) fail(file, "no \"architecture\"");
+  const std::string arch = full.substr(0, full.find('.'));  // a pretrained tag (".augreg_in21k") changes no size
+  try {
+    s.model = model_preset(arch);
+  } catch (const std::invalid_argument&) {
+    const std::string needs = family_needs(arch);
+    fail(file, "architecture \"" + full + "\" is not supported" + (needs.empty() ? "" : ": it needs " + needs) +
+                   " (`vit info --presets` lists the timm architectures vit builds)");
+  }
+  s.model.preset = "";
+  s.model.num_classes = get_or<int64_t>(config, "num_classes", 1000, file);
+  if (config.contains("global_pool")) apply_timm_model_args(json{{"global_pool", config["global_pool"]}}, s.model, file);
+  if (config.contains("model_args")) apply_timm_model_args(config["model_args"], s.model, file);
+  s.model.num_classes = get_or<int64_t>(config, "num_classes", s.model.num_classes, file);
+  const json tag = config.contains("pretrained_cfg") ? config["pretrained_cfg"].value("tag", json()) : json();
+  s.sources.emplace_back("model", "config.json: timm architecture " + full +
+                                      (tag.is_string() ? " (pretrained tag " + tag.get<std::string>() + ")" : "") +
+                                      (config.contains("model_args") ? " with its model_args" : ""));
+
+  // timm's ViT defaults (vision_transformer._cfg) unless pretrained_cfg says otherwise.
+  Preprocess p;
+  p.crop_pct = 0.9;
+  p.interpolation = Interpolation::bicubic;
+  p.crop_mode = CropMode::center;
+  const json cfg = config.value("pretrained_cfg", json::object());
+  const std::string where = "pretrained_cfg.";
+  if (cfg.contains("mean")) p.mean = numbers(cfg["mean"], file, where + "mean");
+  if (cfg.contains("std")) p.std = numbers(cfg["std"], file, where + "std");
+  if (cfg.contains("interpolation")) p.interpolation = interpolation_from(cfg["interpolation"], file, where + "interpolation");
+  if (cfg.contains("crop_pct") && !cfg["crop_pct"].is_null()) p.crop_pct = numbers(cfg["crop_pct"], file, where + "crop_pct")[0];
+  if (cfg.contains("crop_mode") && !cfg["crop_mode"].is_null()) {
+    const auto mode = get_or<std::string>(cfg, "crop_mode", "center", file);
+    auto parsed = enum_from_name<CropMode>(mode);
+    if (!parsed) fail(file, where + "crop_mode: \"" + mode + "\" is not supported (vit crops with center or squash)");
+    p.crop_mode = *parsed;
+  }
+  if (cfg.contains("input_size") && !cfg["input_size"].is_null()) {
+    const auto size = numbers(cfg["input_size"], file, where + "input_size");
+    if (size.size() != 3) fail(file, where + "input_size: " + show(cfg["input_size"]) + " is not [C, H, W]");
+    if (size[0] != s.model.in_chans || size[1] != s.model.img_h || size[2] != s.model.img_w) {
+      fail(file, where + "input_size " + show(cfg["input_size"]) + " differs from the model's [" +
+                     std::to_string(s.model.in_chans) + ", " + std::to_string(s.model.img_h) + ", " +
+                     std::to_string(s.model.img_w) + "]");
+    }
+  }
+  s.preprocess = p;
+  s.sources.emplace_back("preprocess", cfg.empty() ? "timm's ViT defaults (config.json has no pretrained_cfg)"
+                                                   : "config.json: pretrained_cfg");
+  // A list, or {index: name} where ids have gaps (those classes stay numbered).
+  const json labels = config.value("label_names", cfg.value("label_names", json()));
+  auto label = [](const json& l) { return l.is_string() ? l.get<std::string>() : l.dump(); };
+  if (labels.is_array()) {
+    for (const auto& l : labels) s.class_names.push_back(label(l));
+  } else if (labels.is_object()) {
+    s.class_names = numbered_classes(s.model.num_classes);
+    for (const auto& [key, value] : labels.items()) {
+      const auto index = class_index(key, s.model.num_classes);
+      if (index < 0) fail(file, "label_names: key \"" + key + "\" is not a class index");
+      s.class_names[index] = label(value);
+    }
+  }
+  if (!s.class_names.empty()) s.sources.emplace_back("class_names", "config.json: label_names");
+}
+
+std::map<std::string, json> timm_files(const ModelConfig& m, const Preprocess& p,
+                                       const std::vector<std::string>& class_names) {
+  auto refuse = [](const std::string& what) { snapshot_detail::refuse(SnapshotKind::timm, what); };
+  json mean = p.mean, std_ = p.std;
+  std::map<std::string, json> files;
+  const std::string arch = timm_architecture(m);
+  if (arch.empty()) {
+    refuse("layer_norm_eps " + num(m.layer_norm_eps) + " (timm's ViT architectures use 1e-6, CLIP's 1e-5)");
+  }
+  json args = {{"img_size", json::array({m.img_h, m.img_w})}, {"patch_size", m.patch_size},
+               {"in_chans", m.in_chans},   {"num_classes", m.num_classes},
+               {"embed_dim", m.embed_dim}, {"depth", m.depth},
+               {"num_heads", m.num_heads}, {"mlp_ratio", m.mlp_ratio},
+               {"qkv_bias", m.qkv_bias},   {"class_token", m.class_token},
+               {"global_pool", name_of(m.global_pool)},
+               {"reg_tokens", m.reg_tokens},
+               {"no_embed_class", m.no_embed_class},
+               {"pre_norm", m.pre_norm},
+               {"final_norm", m.final_norm},
+               {"fc_norm", m.use_fc_norm()},
+               {"qk_norm", m.qk_norm},
+               {"act_layer", name_of(m.act_layer)}};
+  args["init_values"] = m.init_values ? json(*m.init_values) : json(nullptr);
+  json cfg = {{"tag", "vit"},
+              {"custom_load", false},
+              {"input_size", json::array({m.in_chans, m.img_h, m.img_w})},
+              {"fixed_input_size", true},
+              {"interpolation", name_of(p.interpolation)},
+              {"crop_pct", timm_crop_pct(p, m)},
+              {"crop_mode", name_of(p.crop_mode)},
+              {"mean", mean},
+              {"std", std_},
+              {"num_classes", m.num_classes},
+              {"pool_size", nullptr},
+              {"first_conv", "patch_embed.proj"},
+              {"classifier", "head"}};
+  json config = {{"architecture", arch},
+                 {"num_classes", m.num_classes},
+                 {"num_features", m.embed_dim},
+                 {"global_pool", name_of(m.global_pool)},
+                 {"model_args", args},
+                 {"pretrained_cfg", cfg}};
+  if (!class_names.empty()) config["label_names"] = class_names;
+  files["config.json"] = config;
+  return files;
+}
+
+}  // namespace snapshot_detail
+
+std::string timm_architecture(const ModelConfig& m) {
+  // `create_model` needs a registered name, and model_args carry every other field, so the name matters only for
+  // what model_args cannot say: the LayerNorm epsilon (norm_layer), and init_values None (create_model drops None). Among the names with the model's epsilon, the
+  // model's own preset, else the nearest by family options, patch, width, depth and resolution (a label only).
+  std::string best;
+  int64_t best_gap = -1;
+  for (const auto& arch : kTimmArchitectures) {
+    const ModelConfig p = model_preset(arch.name);
+    if (std::abs(p.layer_norm_eps - m.layer_norm_eps) > 1e-12 * m.layer_norm_eps) continue;
+    // timm's create_model drops None arguments, so "no LayerScale" can only come from the name.
+    if (!m.init_values && p.init_values) continue;
+    if (arch.name == m.preset) return m.preset;
+    const int64_t family = (p.class_token != m.class_token) + (p.reg_tokens != m.reg_tokens) +
+                           (p.no_embed_class != m.no_embed_class) + (p.pre_norm != m.pre_norm) +
+                           (p.global_pool != m.global_pool) + (p.act_layer != m.act_layer) +
+                           (p.init_values.has_value() != m.init_values.has_value()) + (p.qk_norm != m.qk_norm) +
+                           (p.final_norm != m.final_norm) + (p.use_fc_norm() != m.use_fc_norm());
+    const int64_t gap = family * 100000000 + std::abs(p.patch_size - m.patch_size) * 1000000 +
+                        std::abs(p.embed_dim - m.embed_dim) * 100 + std::abs(p.depth - m.depth) * 10 +
+                        std::abs(p.img_h - m.img_h) + std::abs(p.img_w - m.img_w);
+    if (best_gap < 0 || gap < best_gap) best = arch.name, best_gap = gap;
+  }
+  return best;
+}
+
+}  // namespace vit
