@@ -1,5 +1,5 @@
 // `vit export-attention`: per image, the model's attention tensors, the maps of --method, overlays, faithfulness
-// curves and summary.json under DIR/<image stem>/ (src/explain/export_run.h); DIR/summary.json and DIR/index.html, a
+// curves and summary.json under DIR/<image stem>/ (src/explain/attention_export_run.h); DIR/summary.json and DIR/index.html, a
 // gallery that opens from disk.
 #include <algorithm>
 #include <cstdio>
@@ -16,7 +16,7 @@
 #include "util/text.h"
 #include "vit/build_config.h"
 #if VIT_WITH_OPENCV
-#include "explain/export_run.h"
+#include "explain/attention_export_run.h"
 #endif
 
 namespace vit::app {
@@ -57,7 +57,7 @@ int run_export_attention(const ExportAttentionOptions& o) {
   if (config.num_classes <= 0) {
     throw std::invalid_argument(model.path + " has no classifier head (num_classes 0): export-attention needs one");
   }
-  ExportOptions options;
+  AttentionExportOptions options;
   options.limits = o.limits;
   options.layers = parse_index_list(o.layers, config.depth, "--layers");
   options.heads = parse_index_list(o.heads, config.num_heads, "--heads");
@@ -94,9 +94,9 @@ int run_export_attention(const ExportAttentionOptions& o) {
   ProgressOptions shown;
   shown.show = files.size() > 1;  // each image takes a while: worth a bar from the second one on
   Progress progress(static_cast<int64_t>(files.size()), "export-attention", "img", shown);
-  const ExportRun exported = export_images(
+  const AttentionExportRun exported = export_attention_images(
       model, files, o.out, options,
-      [&](const std::string& path, const ExportResult* result, const std::string& error, double seconds) {
+      [&](const std::string& path, const AttentionExportResult* result, const std::string& error, double seconds) {
         progress.clear();  // the line below takes the bar's place (stdout may share its terminal)
         if (result == nullptr) {
           log::error(error);
@@ -114,9 +114,9 @@ int run_export_attention(const ExportAttentionOptions& o) {
   progress.finish();
   const auto& [results, errors] = exported;
 
-  std::string model_text = std::to_string(config.img_h) + "x" + std::to_string(config.img_w) + ", patch " +
-                           std::to_string(config.patch_size) + ", grid " + std::to_string(config.grid_h()) + "x" +
-                           std::to_string(config.grid_w()) + ", " + std::to_string(config.depth) + " blocks x " +
+  std::string model_text = size_text(config.img_h, config.img_w) + ", patch " + std::to_string(config.patch_size) +
+                           ", grid " + size_text(config.grid_h(), config.grid_w()) + ", " +
+                           std::to_string(config.depth) + " blocks x " +
                            std::to_string(config.num_heads) + " heads";
   std::ostringstream rollout_text;
   rollout_text << o.rollout << " fusion, discard " << o.discard_ratio;
@@ -132,7 +132,7 @@ int run_export_attention(const ExportAttentionOptions& o) {
   run["images"] = std::to_string(results.size()) + " exported" +
                   (errors.empty() ? std::string() : ", " + std::to_string(errors.size()) + " failed");
   auto faithfulness = faithfulness_overview(results);
-  write_export_summary(o.out, run, exported, faithfulness, options.write_png);
+  write_attention_summary(o.out, run, exported, faithfulness, options.write_png);
   write_gallery(o.out, results, errors, run, o.colormap, o.alpha, faithfulness);
   std::printf("gallery: %s/index.html\n", o.out.c_str());
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""NumPy reads the .npy files vit writes (tests/test_npy.cpp, tests/test_export.cpp).
+"""NumPy reads the .npy files vit writes (tests/test_npy.cpp, tests/test_attention_export.cpp).
 
   roundtrip OURS:THEIRS:SHAPE ...   float32 arange(n) * 0.5 of SHAPE ("2,3,4"; "" for a scalar), saved again to THEIRS
   check PATH:SHAPE ...              little-endian float32 of SHAPE ("2x5x5"), C order, finite; prints each header

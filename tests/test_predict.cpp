@@ -1,6 +1,6 @@
 // The library behind predict, export-attention and evaluate's report, without the vit binary: classifying image files
 // (src/infer/): per-image errors for broken and missing files, input order, logits independent of the batch size,
-// top-k; export_images() over the same inputs; evaluation_report() and confusion_csv().
+// top-k; export_attention_images() over the same inputs; evaluation_report() and confusion_csv().
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,7 +9,7 @@
 #include <opencv2/imgcodecs.hpp>
 
 #include "data/image.h"
-#include "explain/export_run.h"
+#include "explain/attention_export_run.h"
 #include "image/decode.h"
 #include "infer/inputs.h"
 #include "infer/predict.h"
@@ -188,11 +188,11 @@ TEST(ExportImages, FailedImagesAreListedTheOthersExportedInOrder) {
   test::TempDir dir;
   const Inputs inputs = write_inputs(dir);
   auto model = tiny_model();
-  ExportOptions options;
+  AttentionExportOptions options;
   options.write_npy = false;
   std::vector<std::string> reported;
-  const auto run = export_images(model, inputs.paths, dir.file("out"), options,
-                                 [&](const std::string& path, const ExportResult* result, const std::string& error,
+  const auto run = export_attention_images(model, inputs.paths, dir.file("out"), options,
+                                 [&](const std::string& path, const AttentionExportResult* result, const std::string& error,
                                      double seconds) {
                                    reported.push_back(path);
                                    EXPECT_EQ(result == nullptr, !error.empty()) << path;

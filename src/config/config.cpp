@@ -262,7 +262,7 @@ void validate(const ModelConfig& m, const std::string& source) {
     check(value >= low && value <= high, source, path(key),
           std::to_string(value) + " is out of range [" + std::to_string(low) + ", " + std::to_string(high) + "]");
   };
-  const std::string size = std::to_string(m.img_h) + "x" + std::to_string(m.img_w);
+  const std::string size = size_text(m.img_h, m.img_w);
   check(m.img_h > 0 && m.img_w > 0 && m.img_h <= kMaxImageSide && m.img_w <= kMaxImageSide, source, path("img_size"),
         size + " is out of range: each side in [1, " + std::to_string(kMaxImageSide) + "]");
   in_range(m.patch_size, 1, kMaxImageSide, "patch_size");

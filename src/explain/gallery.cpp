@@ -28,7 +28,7 @@ std::string url_segment(const std::string& name) {
 }
 
 // Maps rounded to 4 decimals: plenty for 256 colours, and it keeps the page small.
-nlohmann::ordered_json maps_json(const ExportResult& result) {
+nlohmann::ordered_json maps_json(const AttentionExportResult& result) {
   const auto maps = result.head_maps.to(torch::kFloat64).contiguous();  // (layers, heads, gh, gw)
   const auto on = result.head_on.accessor<bool, 2>();
   nlohmann::ordered_json layers = nlohmann::ordered_json::array(), flags = nlohmann::ordered_json::array();
@@ -48,7 +48,7 @@ nlohmann::ordered_json maps_json(const ExportResult& result) {
   return {{"maps", layers}, {"on", flags}};
 }
 
-nlohmann::ordered_json image_json(const ExportResult& result) {
+nlohmann::ordered_json image_json(const AttentionExportResult& result) {
   const auto& summary = result.summary;
   auto maps = maps_json(result);
   nlohmann::ordered_json image = {
@@ -557,7 +557,7 @@ const char* kPageScript = R"HTML(</script>
 
 }  // namespace
 
-std::string gallery_html(const std::vector<ExportResult>& results, const std::vector<GalleryError>& errors,
+std::string gallery_html(const std::vector<AttentionExportResult>& results, const std::vector<GalleryError>& errors,
                          const nlohmann::ordered_json& run, const std::string& colormap, double alpha,
                          const nlohmann::ordered_json& faithfulness) {
   nlohmann::ordered_json data = {{"run", run}, {"colormap", colormap_table(colormap)}, {"alpha", alpha}};
@@ -581,7 +581,7 @@ std::string gallery_html(const std::vector<ExportResult>& results, const std::ve
   return std::string(kPageHead) + escaped + kPageScript;
 }
 
-void write_gallery(const std::string& out_dir, const std::vector<ExportResult>& results,
+void write_gallery(const std::string& out_dir, const std::vector<AttentionExportResult>& results,
                    const std::vector<GalleryError>& errors, const nlohmann::ordered_json& run,
                    const std::string& colormap, double alpha, const nlohmann::ordered_json& faithfulness) {
   write_file_atomic(out_dir + "/index.html", gallery_html(results, errors, run, colormap, alpha, faithfulness));

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "explain/export.h"
+#include "explain/attention_export.h"
 
 namespace vit {
 
@@ -19,13 +19,13 @@ struct GalleryError {
 
 // The page's HTML. run: what the header shows (checkpoint, model, method); images link to the files each export
 // wrote, relative to the page, so the page works when opened straight from disk. faithfulness: the folder's
-// faithfulness_overview() (export_run.h), shown as a sortable table at the top; null for none.
-std::string gallery_html(const std::vector<ExportResult>& results, const std::vector<GalleryError>& errors,
+// faithfulness_overview() (attention_export_run.h), shown as a sortable table at the top; null for none.
+std::string gallery_html(const std::vector<AttentionExportResult>& results, const std::vector<GalleryError>& errors,
                          const nlohmann::ordered_json& run, const std::string& colormap, double alpha,
                          const nlohmann::ordered_json& faithfulness = nullptr);
 
 // Writes out_dir/index.html atomically.
-void write_gallery(const std::string& out_dir, const std::vector<ExportResult>& results,
+void write_gallery(const std::string& out_dir, const std::vector<AttentionExportResult>& results,
                    const std::vector<GalleryError>& errors, const nlohmann::ordered_json& run,
                    const std::string& colormap, double alpha, const nlohmann::ordered_json& faithfulness = nullptr);
 

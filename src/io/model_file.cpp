@@ -14,6 +14,7 @@
 #include "io/snapshot.h"
 #include "model/flops.h"
 #include "util/fs.h"
+#include "util/text.h"
 
 namespace vit {
 using nlohmann::json;
@@ -200,8 +201,6 @@ struct SnapshotWeights {
 }  // namespace
 
 namespace {
-
-std::string size_text(int64_t h, int64_t w) { return std::to_string(h) + "x" + std::to_string(w); }
 
 // The model a self-describing file runs as: its own, or the same at --config's img_size when the config describes
 // this model (every other field equal; dropout rates, which only training reads, aside).

@@ -6,6 +6,7 @@
 
 #include "io/snapshot_json.h"
 #include "util/fs.h"
+#include "util/text.h"
 
 namespace vit {
 namespace snapshot_detail {
@@ -27,7 +28,7 @@ Preprocess read_hf_processor(const json& pre, const std::string& pre_file, const
     fail(pre_file, "image_processor_type \"" + type_name +
                        "\" is not supported (vit reads ViTImageProcessor, BitImageProcessor and CLIPImageProcessor)");
   }
-  const std::string model_size = std::to_string(m.img_h) + "x" + std::to_string(m.img_w);
+  const std::string model_size = size_text(m.img_h, m.img_w);
   Preprocess p;
   if (vit_type) {  // its class defaults
     p.mean = {0.5, 0.5, 0.5}, p.std = {0.5, 0.5, 0.5};
@@ -204,7 +205,7 @@ std::map<std::string, json> hf_files(const ModelConfig& m, const Preprocess& p,
   if (hidden != std::floor(hidden)) refuse("mlp_ratio " + num(m.mlp_ratio) + " (not a whole MLP width)");
   const bool crops = p.crop_pct != 1.0 || p.crop_mode != CropMode::squash;
   if (crops && p.crop_mode == CropMode::center && m.img_h != m.img_w) {
-    refuse("crop_mode center at the rectangular size " + std::to_string(m.img_h) + "x" + std::to_string(m.img_w) +
+    refuse("crop_mode center at the rectangular size " + size_text(m.img_h, m.img_w) +
            " (timm resizes until both sides cover it, keeping the ratio: no transformers processor resizes so)");
   }
   json id2label = json::object(), label2id = json::object();

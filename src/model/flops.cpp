@@ -1,5 +1,6 @@
 // Analytic multiply-accumulate counts of the ViT forward pass, layer by layer.
 #include "model/flops.h"
+#include "util/text.h"
 
 namespace vit {
 
@@ -11,7 +12,7 @@ std::vector<LayerCost> layer_costs(const ModelConfig& m, int64_t input_h, int64_
   const int64_t D = m.embed_dim;
   const int64_t hidden = static_cast<int64_t>(static_cast<double>(D) * m.mlp_ratio);
   const int64_t P = m.patch_size;
-  auto shape = [](int64_t a, int64_t b) { return std::to_string(a) + "x" + std::to_string(b); };
+  const auto shape = size_text;
   std::vector<LayerCost> costs;
   costs.push_back({"patch_embed.proj", shape(patches, D), D * m.in_chans * P * P + (m.pre_norm ? 0 : D), patches * D * m.in_chans * P * P});
   costs.push_back({"pos_embed", shape(N, D), (trained_patches + m.pos_embed_prefix()) * D + m.num_prefix_tokens() * D, 0});

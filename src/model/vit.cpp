@@ -11,6 +11,7 @@
 #include "model/cpu_kernels.h"
 #include "model/fused_block.h"
 #include "util/log.h"
+#include "util/text.h"
 
 namespace vit {
 namespace F = torch::nn::functional;
@@ -48,8 +49,6 @@ void note_fused_fallback(const std::string& reason) {
     log::info("fused CPU block not used with " + reason + ": the blocks run operator by operator");
   }
 }
-
-std::string size_string(int64_t h, int64_t w) { return std::to_string(h) + "x" + std::to_string(w); }
 
 }  // namespace
 
@@ -425,8 +424,8 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
   }
   const int64_t H = x.size(2), W = x.size(3);
   if (H % P != 0 || W % P != 0 || H == 0 || W == 0) {
-    throw std::invalid_argument("cannot forward " + size_string(H, W) + ": not divisible by patch " +
-                                std::to_string(P) + " (model trained at " + size_string(config_.img_h, config_.img_w) +
+    throw std::invalid_argument("cannot forward " + size_text(H, W) + ": not divisible by patch " +
+                                std::to_string(P) + " (model trained at " + size_text(config_.img_h, config_.img_w) +
                                 ")");
   }
   const std::array<int64_t, 2> grid{H / P, W / P};

@@ -64,4 +64,6 @@ std::string printable(std::string_view text) {
   return out;
 }
 
+std::string size_text(int64_t height, int64_t width) { return std::to_string(height) + "x" + std::to_string(width); }
+
 }  // namespace vit

@@ -2,6 +2,7 @@
 // the UTF-8 of a JSON report.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -10,5 +11,8 @@ namespace vit {
 // `text` with control bytes (< 0x20, 0x7F) and bytes that are not part of valid UTF-8 written as \xNN (\n, \r, \t as
 // themselves escaped: \\n, \\r, \\t); backslash stays as it is. Valid UTF-8 passes unchanged.
 std::string printable(std::string_view text);
+
+// "HxW": an image, grid or input size in every message and table (height first).
+std::string size_text(int64_t height, int64_t width);
 
 }  // namespace vit

@@ -37,7 +37,7 @@ const ExplainMethod& explain_method(MapMethod id);
 // an unknown or repeated method and the allowed names.
 std::vector<MapMethod> parse_methods(const std::string& text);
 
-struct ExportOptions {
+struct AttentionExportOptions {
   ImageLimits limits;                 // per input file: larger files and images are refused undecoded
   std::vector<int64_t> layers;        // blocks whose attn_<layer>.npy/.png and grid rows are written (empty = all)
   std::vector<int64_t> heads;         // heads shown in the grid and averaged in attn_<layer>.png (empty = all)
@@ -73,7 +73,7 @@ cv::Mat overlay_in_view(const cv::Mat& image_bgr, const cv::Mat& heat01, const M
                         const std::string& colormap, double alpha, int interpolation = cv::INTER_CUBIC);
 
 // One exported image: summary.json's content plus what the gallery draws from.
-struct ExportResult {
+struct AttentionExportResult {
   nlohmann::ordered_json summary;   // exactly what summary.json holds, keys in a readable order
   std::string dir_name;             // the image's folder under DIR
   std::vector<int64_t> layers;      // grid rows (block indices)
@@ -98,8 +98,9 @@ std::vector<int64_t> parse_index_list(const std::string& text, int64_t count, co
 // Exports one image into out_dir/dir_name/. image_bgr: the decoded image at its own resolution (overlays are drawn
 // on it); input: the same image through the shared preprocessing, (C, H, W) at the model's size. The model should be
 // in eval mode with any head mask already set. Returns the summary (also written) and the gallery's maps.
-ExportResult export_image_attention(LoadedModel& model, const std::string& image_path, const cv::Mat& image_bgr,
-                                    const torch::Tensor& input, const std::string& out_dir, const std::string& dir_name,
-                                    const ExportOptions& options);
+AttentionExportResult export_image_attention(LoadedModel& model, const std::string& image_path,
+                                             const cv::Mat& image_bgr, const torch::Tensor& input,
+                                             const std::string& out_dir, const std::string& dir_name,
+                                             const AttentionExportOptions& options);
 
 }  // namespace vit

@@ -10,7 +10,7 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
-#include "explain/export.h"
+#include "explain/attention_export.h"
 #include "io/model_file.h"
 #include "io/npy.h"
 #include "io/safetensors.h"

@@ -8,36 +8,37 @@
 #include <string>
 #include <vector>
 
-#include "explain/export.h"
+#include "explain/attention_export.h"
 #include "explain/gallery.h"
 
 namespace vit {
 
-struct ExportRun {
-  std::vector<ExportResult> results;  // the exported images, in input order
+struct AttentionExportRun {
+  std::vector<AttentionExportResult> results;  // the exported images, in input order
   std::vector<GalleryError> errors;   // the images that failed, in input order
 };
 
 // Told about each image once it is done: result is null when it failed (then error says why); seconds counts its
 // decoding and export.
-using ExportProgress =
-    std::function<void(const std::string& path, const ExportResult* result, const std::string& error, double seconds)>;
+using AttentionExportProgress = std::function<void(const std::string& path, const AttentionExportResult* result,
+                                                   const std::string& error, double seconds)>;
 
 // Creates out_dir and exports every image of `paths` into out_dir/<unique stem>/ with export_image_attention(), one
 // image at a time (only one full-size image is held). The model should be in eval mode with any head mask set.
 // Does not write the gallery (write_gallery takes the returned results and errors).
-ExportRun export_images(LoadedModel& model, const std::vector<std::string>& paths, const std::string& out_dir,
-                        const ExportOptions& options, const ExportProgress& on_image = nullptr);
+AttentionExportRun export_attention_images(LoadedModel& model, const std::vector<std::string>& paths,
+                                           const std::string& out_dir, const AttentionExportOptions& options,
+                                           const AttentionExportProgress& on_image = nullptr);
 
 // The folder's faithfulness, from the images whose summary has one (null when none does): per method and metric the
 // mean curve, the mean AUC and the AUC of the accuracy curve (the share of images still predicting the explained
 // class), and a table row per method: {method, deletion, insertion, positive, negative, positive_accuracy,
 // negative_accuracy, deletion_beats_random (the share of images)}.
-nlohmann::ordered_json faithfulness_overview(const std::vector<ExportResult>& results);
+nlohmann::ordered_json faithfulness_overview(const std::vector<AttentionExportResult>& results);
 
 // out_dir/summary.json: the run, the images and errors, and the overview when there is one; with write_png also
 // out_dir/faithfulness.png (the mean curves), whose name is then added to the overview as "plot".
-void write_export_summary(const std::string& out_dir, const nlohmann::ordered_json& run, const ExportRun& exported,
-                          nlohmann::ordered_json& faithfulness, bool write_png);
+void write_attention_summary(const std::string& out_dir, const nlohmann::ordered_json& run,
+                             const AttentionExportRun& exported, nlohmann::ordered_json& faithfulness, bool write_png);
 
 }  // namespace vit

@@ -1,6 +1,6 @@
 // One image's attention export: .npy tensors, rollout maps, overlays, the layer x head contact sheet, deletion
 // curves and summary.json (formats and formulas in export.h and rollout.h).
-#include "explain/export.h"
+#include "explain/attention_export.h"
 
 #include <algorithm>
 #include <cmath>
@@ -57,7 +57,7 @@ std::string dump_json(const nlohmann::ordered_json& value) {
 
 // rows = layers, columns = heads: each cell the head's readout attention map over a small copy of the image, masked
 // heads framed in red and labelled; a colour bar explains the scale.
-cv::Mat draw_contact_sheet(const cv::Mat& preview, const ExportResult& result, const std::string& colormap,
+cv::Mat draw_contact_sheet(const cv::Mat& preview, const AttentionExportResult& result, const std::string& colormap,
                            double alpha, const std::string& title) {
   const int rows = static_cast<int>(result.layers.size()), cols = static_cast<int>(result.heads.size());
   const int cell_w = kCellWidth;
@@ -274,9 +274,10 @@ std::vector<int64_t> parse_index_list(const std::string& text, int64_t count, co
   return out;
 }
 
-ExportResult export_image_attention(LoadedModel& model, const std::string& image_path, const cv::Mat& image_bgr,
-                                    const torch::Tensor& input, const std::string& out_dir, const std::string& dir_name,
-                                    const ExportOptions& options) {
+AttentionExportResult export_image_attention(LoadedModel& model, const std::string& image_path,
+                                             const cv::Mat& image_bgr, const torch::Tensor& input,
+                                             const std::string& out_dir, const std::string& dir_name,
+                                             const AttentionExportOptions& options) {
   check_head_fusion(options.fusion);
   check_colormap(options.colormap);
   const ModelConfig& config = model.model;
@@ -292,7 +293,7 @@ ExportResult export_image_attention(LoadedModel& model, const std::string& image
   const std::string dir = out_dir + "/" + dir_name;
   make_dirs(dir);
 
-  ExportResult result;
+  AttentionExportResult result;
   result.dir_name = dir_name;
   result.layers = options.layers.empty() ? parse_index_list("all", config.depth, "--layers") : options.layers;
   result.heads = options.heads.empty() ? parse_index_list("all", config.num_heads, "--heads") : options.heads;

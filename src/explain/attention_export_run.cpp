@@ -1,5 +1,5 @@
 // `vit export-attention` over many images, one at a time.
-#include "explain/export_run.h"
+#include "explain/attention_export_run.h"
 
 #include <chrono>
 #include <set>
@@ -10,10 +10,11 @@
 
 namespace vit {
 
-ExportRun export_images(LoadedModel& model, const std::vector<std::string>& paths, const std::string& out_dir,
-                        const ExportOptions& options, const ExportProgress& on_image) {
+AttentionExportRun export_attention_images(LoadedModel& model, const std::vector<std::string>& paths,
+                                           const std::string& out_dir, const AttentionExportOptions& options,
+                                           const AttentionExportProgress& on_image) {
   make_dirs(out_dir);
-  ExportRun run;
+  AttentionExportRun run;
   std::set<std::string> taken;
   for (const auto& path : paths) {
     const auto start = std::chrono::steady_clock::now();
@@ -43,7 +44,7 @@ double trapezoid(const std::vector<double>& x, const std::vector<double>& y) {
 
 }  // namespace
 
-nlohmann::ordered_json faithfulness_overview(const std::vector<ExportResult>& results) {
+nlohmann::ordered_json faithfulness_overview(const std::vector<AttentionExportResult>& results) {
   std::vector<const nlohmann::ordered_json*> measured;
   for (const auto& result : results) {
     if (result.summary.contains("faithfulness")) measured.push_back(&result.summary.at("faithfulness"));
@@ -100,8 +101,8 @@ nlohmann::ordered_json faithfulness_overview(const std::vector<ExportResult>& re
           {"table", table}};
 }
 
-void write_export_summary(const std::string& out_dir, const nlohmann::ordered_json& run, const ExportRun& exported,
-                          nlohmann::ordered_json& faithfulness, bool write_png) {
+void write_attention_summary(const std::string& out_dir, const nlohmann::ordered_json& run,
+                             const AttentionExportRun& exported, nlohmann::ordered_json& faithfulness, bool write_png) {
   nlohmann::ordered_json summary = {{"format", kAttentionExportFormat}, {"format_version", kAttentionExportVersion},
                                     {"run", run}};
   nlohmann::ordered_json images = nlohmann::ordered_json::array();
