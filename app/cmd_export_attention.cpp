@@ -1,6 +1,6 @@
 // `vit export-attention`: per image, the model's attention tensors, the maps of --method, overlays, faithfulness
-// curves and summary.json under DIR/<image stem>/ (src/explain/attention_export_run.h); DIR/summary.json and DIR/index.html, a
-// gallery that opens from disk.
+// curves and summary.json under DIR/<image stem>/ (src/explain/attention_export_run.h); DIR/summary.json and
+// DIR/index.html, a gallery that opens from disk.
 #include <algorithm>
 #include <cstdio>
 #include <sstream>

@@ -49,7 +49,7 @@ int run_info(const InfoOptions& options) {
   std::array<int64_t, 2> size{model.img_h, model.img_w};
   if (!options.img_size.empty()) {
     size = parse_img_sizes(options.img_size, /*allow_list=*/false).front();
-    check_input_size(model, size[0], size[1], "--img-size " + img_size_text(size));
+    check_input_size(model, size[0], size[1], "--img-size " + size_option_text(size[0], size[1]));
   }
   const int64_t tokens = (size[0] / model.patch_size) * (size[1] / model.patch_size) + model.num_prefix_tokens();
   const auto costs = layer_costs(model, size[0], size[1]);

@@ -47,7 +47,7 @@ LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& arg
     model = load_model(path, config);
   } else {
     const auto size = parse_img_sizes(img_size, false).front();
-    model = load_model_at_size(path, config, size[0], size[1], "--img-size " + img_size_text(size));
+    model = load_model_at_size(path, config, size[0], size[1], "--img-size " + size_option_text(size[0], size[1]));
   }
   for (const auto& note : model.adapted) log::info(model.path + ": " + note);
   return model;
@@ -81,10 +81,6 @@ std::vector<std::array<int64_t, 2>> parse_img_sizes(const std::string& text, boo
   return out;
 }
 
-std::string img_size_text(const std::array<int64_t, 2>& size) {
-  return size[0] == size[1] ? std::to_string(size[0]) : std::to_string(size[0]) + "x" + std::to_string(size[1]);
-}
-
 void add_img_size_option(CLI::App* command, std::string& value, bool allow_list) {
   command->add_option("--img-size", value,
                       std::string("run the model at this input size: N or HxW, each side a multiple of the patch "
@@ -94,7 +90,7 @@ void add_img_size_option(CLI::App* command, std::string& value, bool allow_list)
 }
 
 void run_at_size(LoadedModel& model, std::array<int64_t, 2> size) {
-  const std::string note = set_input_size(model, size[0], size[1], "--img-size " + img_size_text(size));
+  const std::string note = set_input_size(model, size[0], size[1], "--img-size " + size_option_text(size[0], size[1]));
   if (!note.empty()) log::info(model.path + ": " + note);
 }
 

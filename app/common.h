@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "data/image.h"
 #include "io/model_file.h"
+#include "util/text.h"
 
 namespace vit::app {
 
@@ -37,8 +38,6 @@ LoadedModel load_model_args(const std::string& checkpoint, const ConfigArgs& arg
 // --img-size: "N" (square) or "HxW"; with allow_list, a comma-separated list of them ("28,35,42"). Throws naming the
 // bad item. Each is (height, width).
 std::vector<std::array<int64_t, 2>> parse_img_sizes(const std::string& text, bool allow_list);
-// A size as --img-size spells it: "N" when square, else "HxW".
-std::string img_size_text(const std::array<int64_t, 2>& size);
 // Adds --img-size to a command that runs a loaded model (predict, evaluate, export-attention).
 void add_img_size_option(CLI::App* command, std::string& value, bool allow_list = false);
 // Runs `model` at `size` (set_input_size), logging what changed.

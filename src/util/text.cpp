@@ -66,4 +66,8 @@ std::string printable(std::string_view text) {
 
 std::string size_text(int64_t height, int64_t width) { return std::to_string(height) + "x" + std::to_string(width); }
 
+std::string size_option_text(int64_t height, int64_t width) {
+  return height == width ? std::to_string(height) : size_text(height, width);
+}
+
 }  // namespace vit

@@ -14,5 +14,7 @@ std::string printable(std::string_view text);
 
 // "HxW": an image, grid or input size in every message and table (height first).
 std::string size_text(int64_t height, int64_t width);
+// The same as --img-size spells it: "N" for a square, else "HxW".
+std::string size_option_text(int64_t height, int64_t width);
 
 }  // namespace vit
