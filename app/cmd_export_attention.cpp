@@ -3,7 +3,6 @@
 // DIR/index.html, a gallery that opens from disk.
 #include <algorithm>
 #include <cstdio>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -54,9 +53,6 @@ int run_export_attention(const ExportAttentionOptions& o) {
   auto model = load_model_args(o.checkpoint, o.config);
   if (!o.img_size.empty()) run_at_size(model, parse_img_sizes(o.img_size, false).front());
   const ModelConfig& config = model.model;
-  if (config.num_classes <= 0) {
-    throw std::invalid_argument(model.path + " has no classifier head (num_classes 0): export-attention needs one");
-  }
   AttentionExportOptions options;
   options.limits = o.limits;
   options.layers = parse_index_list(o.layers, config.depth, "--layers");
@@ -68,15 +64,7 @@ int run_export_attention(const ExportAttentionOptions& o) {
                             options.methods.end()) {
     options.methods.push_back(MapMethod::grad_rollout);
   }
-  if (o.start_layer >= config.depth) {
-    throw std::invalid_argument("--start-layer " + std::to_string(o.start_layer) + " is out of range [0, " +
-                                std::to_string(config.depth) + ") for " + model.path);
-  }
   options.start_layer = o.start_layer;
-  if (o.target_class >= config.num_classes) {
-    throw std::invalid_argument("--class " + std::to_string(o.target_class) + " is out of range [0, " +
-                                std::to_string(config.num_classes) + ") for " + model.path);
-  }
   options.target_class = o.target_class >= 0 ? o.target_class : kPredictedClass;
   options.colormap = o.colormap;
   options.alpha = o.alpha;
@@ -94,8 +82,8 @@ int run_export_attention(const ExportAttentionOptions& o) {
   ProgressOptions shown;
   shown.show = files.size() > 1;  // each image takes a while: worth a bar from the second one on
   Progress progress(static_cast<int64_t>(files.size()), "export-attention", "img", shown);
-  const AttentionExportRun exported = export_attention_images(
-      model, files, o.out, options,
+  const AttentionExportRun exported = run_attention_export(
+      model, files, o.out, options, o.mask_heads,
       [&](const std::string& path, const AttentionExportResult* result, const std::string& error, double seconds) {
         progress.clear();  // the line below takes the bar's place (stdout may share its terminal)
         if (result == nullptr) {
@@ -112,28 +100,7 @@ int run_export_attention(const ExportAttentionOptions& o) {
         progress.advance();
       });
   progress.finish();
-  const auto& [results, errors] = exported;
-
-  std::string model_text = size_text(config.img_h, config.img_w) + ", patch " + std::to_string(config.patch_size) +
-                           ", grid " + size_text(config.grid_h(), config.grid_w()) + ", " +
-                           std::to_string(config.depth) + " blocks x " +
-                           std::to_string(config.num_heads) + " heads";
-  std::ostringstream rollout_text;
-  rollout_text << o.rollout << " fusion, discard " << o.discard_ratio;
-  std::string methods_text;
-  for (const MapMethod id : options.methods) {
-    (methods_text += methods_text.empty() ? "" : ", ") += explain_method(id).name;
-  }
-  nlohmann::ordered_json run = {{"checkpoint", model.path}, {"model", model_text}, {"methods", methods_text},
-                                {"rollout", rollout_text.str()}};
-  run["explained class"] = o.target_class >= 0 ? "class " + model.class_names.at(o.target_class)
-                                               : std::string("the predicted class of each image");
-  if (!o.mask_heads.empty()) run["masked heads"] = o.mask_heads;
-  run["images"] = std::to_string(results.size()) + " exported" +
-                  (errors.empty() ? std::string() : ", " + std::to_string(errors.size()) + " failed");
-  auto faithfulness = faithfulness_overview(results);
-  write_attention_summary(o.out, run, exported, faithfulness, options.write_png);
-  write_gallery(o.out, results, errors, run, o.colormap, o.alpha, faithfulness);
+  const auto& errors = exported.errors;
   std::printf("gallery: %s/index.html\n", o.out.c_str());
 
   if (!errors.empty()) {

@@ -274,16 +274,30 @@ std::vector<int64_t> parse_index_list(const std::string& text, int64_t count, co
   return out;
 }
 
+void check_attention_options(const ModelConfig& config, const AttentionExportOptions& options,
+                             const std::string& model_path) {
+  check_head_fusion(options.fusion);
+  check_colormap(options.colormap);
+  if (config.num_classes <= 0) {
+    throw std::invalid_argument(model_path + ": the model has no classifier head (num_classes 0): nothing to explain");
+  }
+  if (options.start_layer < 0 || options.start_layer >= config.depth) {
+    throw std::invalid_argument("--start-layer " + std::to_string(options.start_layer) + " is out of range [0, " +
+                                std::to_string(config.depth) + ") for " + model_path);
+  }
+  if (options.target_class != kPredictedClass &&
+      (options.target_class < 0 || options.target_class >= config.num_classes)) {
+    throw std::invalid_argument("--class " + std::to_string(options.target_class) + " is out of range [0, " +
+                                std::to_string(config.num_classes) + ") for " + model_path);
+  }
+}
+
 AttentionExportResult export_image_attention(LoadedModel& model, const std::string& image_path,
                                              const cv::Mat& image_bgr, const torch::Tensor& input,
                                              const std::string& out_dir, const std::string& dir_name,
                                              const AttentionExportOptions& options) {
-  check_head_fusion(options.fusion);
-  check_colormap(options.colormap);
   const ModelConfig& config = model.model;
-  if (config.num_classes <= 0) {
-    throw std::invalid_argument(model.path + ": the model has no classifier head (num_classes 0): nothing to explain");
-  }
+  check_attention_options(config, options, model.path);
   // The grid comes from the model's input size, never from sqrt(N): rectangular models work.
   const int64_t grid_h = config.grid_h(), grid_w = config.grid_w();
   const int64_t prefix = model.net->num_prefix_tokens();
@@ -302,10 +316,6 @@ AttentionExportResult export_image_attention(LoadedModel& model, const std::stri
   std::vector<const ExplainMethod*> methods;
   for (const MapMethod id : options.methods) methods.push_back(&explain_method(id));
   const bool class_specific = std::any_of(methods.begin(), methods.end(), [](auto* m) { return m->class_specific; });
-  if (options.start_layer < 0 || options.start_layer >= config.depth) {
-    throw std::invalid_argument("--start-layer " + std::to_string(options.start_layer) + " is out of range [0, " +
-                                std::to_string(config.depth) + ") for " + model.path);
-  }
   const AttentionCapture capture =
       capture_attention(model.net, input, class_specific ? options.target_class : -1);
   const auto keep = head_keep_masks(model.net);  // per block (nh): 1 = on
@@ -324,10 +334,6 @@ AttentionExportResult export_image_attention(LoadedModel& model, const std::stri
   const int64_t predicted = top_i[0].item<int64_t>();
   // The class the class-specific maps explain and the faithfulness curves measure.
   const int64_t target = options.target_class == kPredictedClass ? predicted : options.target_class;
-  if (target < 0 || target >= config.num_classes) {
-    throw std::invalid_argument("--class " + std::to_string(target) + " is out of range [0, " +
-                                std::to_string(config.num_classes) + ") for " + model.path);
-  }
   const std::string class_source = options.target_class == kPredictedClass ? "predicted" : "--class";
 
   nlohmann::ordered_json files = nlohmann::ordered_json::object();

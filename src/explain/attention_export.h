@@ -57,6 +57,12 @@ struct AttentionExportOptions {
   int64_t topk = 5;                   // predictions listed in summary.json
 };
 
+// Throws std::invalid_argument naming `model_path` when the options cannot explain this model: no classifier head,
+// --start-layer or --class out of range, an unknown head fusion or colormap. export_image_attention() checks each
+// image with it; the run (attention_export_run.h) once before the first image.
+void check_attention_options(const ModelConfig& config, const AttentionExportOptions& options,
+                             const std::string& model_path);
+
 // The part of the original image the model sees, as fractions of its height and width: all of it for crop_pct 1
 // (a plain resize), else the centre crop's window, from the same sizes preprocess() computes. Heatmaps cover only
 // this window; the rest of an overlay is dimmed.

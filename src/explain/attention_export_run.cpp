@@ -3,10 +3,13 @@
 
 #include <chrono>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 
+#include "explain/gallery.h"
 #include "infer/inputs.h"
 #include "util/fs.h"
+#include "util/text.h"
 
 namespace vit {
 
@@ -123,6 +126,37 @@ void write_attention_summary(const std::string& out_dir, const nlohmann::ordered
   }
   write_file_atomic(out_dir + "/summary.json",
                     summary.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
+}
+
+AttentionExportRun run_attention_export(LoadedModel& model, const std::vector<std::string>& paths,
+                                        const std::string& out_dir, const AttentionExportOptions& options,
+                                        const std::string& masked_heads, const AttentionExportProgress& on_image) {
+  const ModelConfig& config = model.model;
+  check_attention_options(config, options, model.path);
+  const AttentionExportRun exported = export_attention_images(model, paths, out_dir, options, on_image);
+  const auto& [results, errors] = exported;
+  const std::string model_text = size_text(config.img_h, config.img_w) + ", patch " +
+                                 std::to_string(config.patch_size) + ", grid " +
+                                 size_text(config.grid_h(), config.grid_w()) + ", " + std::to_string(config.depth) +
+                                 " blocks x " + std::to_string(config.num_heads) + " heads";
+  std::ostringstream rollout_text;
+  rollout_text << options.fusion << " fusion, discard " << options.discard_ratio;
+  std::string methods_text;
+  for (const MapMethod id : options.methods) {
+    (methods_text += methods_text.empty() ? "" : ", ") += explain_method(id).name;
+  }
+  nlohmann::ordered_json run = {{"checkpoint", model.path}, {"model", model_text}, {"methods", methods_text},
+                                {"rollout", rollout_text.str()}};
+  run["explained class"] = options.target_class != kPredictedClass
+                               ? "class " + model.class_names.at(options.target_class)
+                               : std::string("the predicted class of each image");
+  if (!masked_heads.empty()) run["masked heads"] = masked_heads;
+  run["images"] = std::to_string(results.size()) + " exported" +
+                  (errors.empty() ? std::string() : ", " + std::to_string(errors.size()) + " failed");
+  auto faithfulness = faithfulness_overview(results);
+  write_attention_summary(out_dir, run, exported, faithfulness, options.write_png);
+  write_gallery(out_dir, results, errors, run, options.colormap, options.alpha, faithfulness);
+  return exported;
 }
 
 }  // namespace vit

@@ -41,4 +41,12 @@ nlohmann::ordered_json faithfulness_overview(const std::vector<AttentionExportRe
 void write_attention_summary(const std::string& out_dir, const nlohmann::ordered_json& run,
                              const AttentionExportRun& exported, nlohmann::ordered_json& faithfulness, bool write_png);
 
+// `vit export-attention` whole: the options checked against the model (check_attention_options) before the first
+// image, every image exported (export_attention_images, `on_image` told), then out_dir/summary.json (with the run's
+// description: checkpoint, model, methods, rollout, explained class, `masked_heads` as given, images) and the
+// gallery, out_dir/index.html.
+AttentionExportRun run_attention_export(LoadedModel& model, const std::vector<std::string>& paths,
+                                        const std::string& out_dir, const AttentionExportOptions& options,
+                                        const std::string& masked_heads, const AttentionExportProgress& on_image);
+
 }  // namespace vit
