@@ -16,17 +16,11 @@ namespace vit::app {
 namespace {
 
 struct EmbedCommandOptions {
-  std::string checkpoint;
-  ConfigArgs config;
+  ImageModelArgs image_model;
   std::string out;       // DIR
   std::string layers;    // "3,7,11" (default: the pooled pre-logits features)
   std::string pool;      // cls | avg | none (default: see --help)
   int batch_size = 16;
-  std::string device = "auto";
-  int threads = 0;
-  std::string img_size;  // --img-size (default: the model's own)
-  ImageLimits limits;    // --max-file-mb, --max-pixels
-  std::vector<std::string> inputs;
 };
 
 #if VIT_WITH_OPENCV
@@ -41,19 +35,14 @@ std::string shape_text(const torch::Tensor& tensor) {
 }
 
 int run_embed(const EmbedCommandOptions& o) {
-  configure_threads(o.threads);
-  const auto device = resolve_device(o.device);
-  auto model = load_model_args(o.checkpoint, o.config);
-  if (!o.img_size.empty()) run_at_size(model, parse_img_sizes(o.img_size, false).front());
+  auto model = load_image_model(o.image_model);
   EmbedOptions options;
   if (!o.layers.empty()) options.layers = parse_block_indices(o.layers, model.model.depth, "--layers");
   if (!o.pool.empty()) options.pool = enum_from_name<EmbedPool>(o.pool);
   options.batch_size = o.batch_size;
-  options.limits = o.limits;
+  options.limits = o.image_model.limits;
   check_embed_options(model.model, options, model.path);  // before any image is read
-  model.net->to(device);
-  model.net->eval();
-  const auto files = expand_image_inputs(o.inputs);
+  const auto files = start_image_run(model, o.image_model);
 
   ProgressOptions shown;
   shown.show = files.size() > static_cast<size_t>(o.batch_size);  // one batch is over before a bar would help
@@ -82,9 +71,7 @@ int run_embed(const EmbedCommandOptions& o) {
   return inputs_status(failures, files.size());
 }
 #else
-int run_embed(const EmbedCommandOptions&) {
-  throw std::runtime_error("this vit was built without OpenCV: embed is unavailable");
-}
+int run_embed(const EmbedCommandOptions&) { needs_opencv("embed"); }
 #endif
 
 }  // namespace
@@ -106,9 +93,7 @@ void setup_embed(CLI::App& app, int& status) {
       "  index.csv      row,path,predicted: the npy row of each image that was read (in the order predict\n"
       "                 lists them) and its predicted class.\n"
       "An image that cannot be read is logged and gets no row; the others are still written (exit status 3).");
-  command->add_option("--checkpoint", options->checkpoint, kCheckpointHelp)
-      ->check(CLI::ExistingPath);
-  add_config_args(command, options->config);
+  add_image_model_args(command, options->image_model);
   command->add_option("--out", options->out, "output directory (created): the .npy files and index.csv")->required();
   command->add_option("--layers", options->layers,
                       "blocks whose outputs to write instead of the pooled features: i,j,... 0-based, e.g. 3,7,11; "
@@ -121,10 +106,6 @@ void setup_embed(CLI::App& app, int& status) {
   command->add_option("--batch-size", options->batch_size, "images per forward pass")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  add_img_size_option(command, options->img_size);
-  add_image_limit_args(command, options->limits);
-  add_device_args(command, options->device, options->threads);
-  command->add_option("inputs", options->inputs, "image files or directories")->required();
   command->callback([options, &status] { status = run_embed(*options); });
 }
 

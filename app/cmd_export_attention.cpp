@@ -22,8 +22,7 @@ namespace vit::app {
 namespace {
 
 struct ExportAttentionOptions {
-  std::string checkpoint;
-  ConfigArgs config;
+  ImageModelArgs image_model;
   std::string out;                // DIR
   std::string layers = "all";     // blocks to write and draw
   std::string heads = "all";      // heads in the grid and the per-layer head mean
@@ -39,22 +38,14 @@ struct ExportAttentionOptions {
   bool faithfulness = false;      // deletion curves in summary.json
   std::string mask_heads;         // "L:H,L:H"
   int topk = 5;
-  std::string device = "auto";
-  int threads = 0;
-  std::string img_size;  // --img-size (default: the model's own)
-  ImageLimits limits;    // --max-file-mb, --max-pixels
-  std::vector<std::string> inputs;
 };
 
 #if VIT_WITH_OPENCV
 int run_export_attention(const ExportAttentionOptions& o) {
-  configure_threads(o.threads);
-  const auto device = resolve_device(o.device);
-  auto model = load_model_args(o.checkpoint, o.config);
-  if (!o.img_size.empty()) run_at_size(model, parse_img_sizes(o.img_size, false).front());
+  auto model = load_image_model(o.image_model);
   const ModelConfig& config = model.model;
   AttentionExportOptions options;
-  options.limits = o.limits;
+  options.limits = o.image_model.limits;
   options.layers = parse_index_list(o.layers, config.depth, "--layers");
   options.heads = parse_index_list(o.heads, config.num_heads, "--heads");
   options.fusion = o.rollout;
@@ -72,13 +63,10 @@ int run_export_attention(const ExportAttentionOptions& o) {
   options.write_npy = o.format != "png";
   options.faithfulness = o.faithfulness;
   options.topk = o.topk;
-  model.net->to(device);
-  model.net->eval();
+  const auto files = start_image_run(model, o.image_model);
   // Head ablation as in evaluate: the masked heads' maps are still exported, their outputs are zeroed downstream.
   // After the move: the mask is a plain tensor that lives on the device of the model's parameters at this point.
   for (const auto& [layer, heads] : parse_head_mask(o.mask_heads)) model.net->set_head_mask(layer, heads);
-
-  const auto files = expand_image_inputs(o.inputs);
   ProgressOptions shown;
   shown.show = files.size() > 1;  // each image takes a while: worth a bar from the second one on
   Progress progress(static_cast<int64_t>(files.size()), "export-attention", "img", shown);
@@ -110,9 +98,7 @@ int run_export_attention(const ExportAttentionOptions& o) {
   return inputs_status(errors.size(), files.size());
 }
 #else
-int run_export_attention(const ExportAttentionOptions&) {
-  throw std::runtime_error("this vit was built without OpenCV: export-attention is unavailable");
-}
+int run_export_attention(const ExportAttentionOptions&) { needs_opencv("export-attention"); }
 #endif
 
 // [0, 1): a discard ratio of 1 would drop every entry.
@@ -134,9 +120,7 @@ void setup_export_attention(CLI::App& app, int& status) {
       "export-attention",
       "Export attention maps, rollout, gradient rollout, transformer attribution and Grad-CAM, overlays, faithfulness "
       "curves and an HTML gallery for images (files or folders)");
-  command->add_option("--checkpoint", options->checkpoint, kCheckpointHelp)
-      ->check(CLI::ExistingPath);
-  add_config_args(command, options->config);
+  add_image_model_args(command, options->image_model);
   command->add_option("--out", options->out, "output directory: DIR/<image stem>/ per image, DIR/index.html")
       ->required();
   command->add_option("--layers", options->layers,
@@ -183,10 +167,6 @@ void setup_export_attention(CLI::App& app, int& status) {
   command->add_option("--topk", options->topk, "predictions listed per image")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  add_img_size_option(command, options->img_size);
-  add_image_limit_args(command, options->limits);
-  add_device_args(command, options->device, options->threads);
-  command->add_option("inputs", options->inputs, "image files or directories")->required();
   command->callback([options, &status] { status = run_export_attention(*options); });
 }
 

@@ -21,27 +21,16 @@ namespace vit::app {
 namespace {
 
 struct PredictOptions {
-  std::string checkpoint;
-  ConfigArgs config;
+  ImageModelArgs image_model;
   int topk = 5;
   bool json = false;
   int batch_size = 16;
-  std::string device = "auto";
-  int threads = 0;
-  std::string img_size;  // --img-size (default: the model's own)
-  ImageLimits limits;    // --max-file-mb, --max-pixels
-  std::vector<std::string> inputs;
 };
 
 #if VIT_WITH_OPENCV
 int run_predict(const PredictOptions& options) {
-  configure_threads(options.threads);
-  const auto device = resolve_device(options.device);
-  auto model = load_model_args(options.checkpoint, options.config);
-  if (!options.img_size.empty()) run_at_size(model, parse_img_sizes(options.img_size, false).front());
-  model.net->to(device);
-  model.net->eval();
-  const auto files = expand_image_inputs(options.inputs);
+  auto model = load_image_model(options.image_model);
+  const auto files = start_image_run(model, options.image_model);
 
   nlohmann::json results = nlohmann::json::array();
   int failures = 0;
@@ -77,7 +66,7 @@ int run_predict(const PredictOptions& options) {
   Progress progress(static_cast<int64_t>(files.size()), "predict", "img", shown);
   // Printed batch by batch as they come: a batch's errors first, then its classified images. The bar makes way for
   // them: stdout may share its terminal.
-  const vit::PredictOptions batching{options.topk, options.batch_size, options.limits};
+  const vit::PredictOptions batching{options.topk, options.batch_size, options.image_model.limits};
   predict_images(model, files, batching, [&](const std::vector<Prediction>& batch) {
     const bool any_error = std::any_of(batch.begin(), batch.end(), [](const Prediction& p) { return !p.ok(); });
     if (!options.json || any_error) progress.clear();
@@ -99,9 +88,7 @@ int run_predict(const PredictOptions& options) {
   return inputs_status(failures, files.size());
 }
 #else
-int run_predict(const PredictOptions&) {
-  throw std::runtime_error("this vit was built without OpenCV: predict is unavailable");
-}
+int run_predict(const PredictOptions&) { needs_opencv("predict"); }
 #endif
 
 }  // namespace
@@ -109,18 +96,12 @@ int run_predict(const PredictOptions&) {
 void setup_predict(CLI::App& app, int& status) {
   auto options = std::make_shared<PredictOptions>();
   auto* command = app.add_subcommand("predict", "Classify images (files or folders, searched recursively)");
-  command->add_option("--checkpoint", options->checkpoint, kCheckpointHelp)
-      ->check(CLI::ExistingPath);
-  add_config_args(command, options->config);
+  add_image_model_args(command, options->image_model);
   command->add_option("--topk", options->topk, "classes to show per image")->check(CLI::PositiveNumber)->capture_default_str();
   command->add_flag("--json", options->json, "print a JSON array, one object per image");
   command->add_option("--batch-size", options->batch_size, "images per forward pass")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  add_img_size_option(command, options->img_size);
-  add_image_limit_args(command, options->limits);
-  add_device_args(command, options->device, options->threads);
-  command->add_option("inputs", options->inputs, "image files or directories")->required();
   command->callback([options, &status] { status = run_predict(*options); });
 }
 

@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "util/fs.h"
 #include "util/log.h"
+#include "util/runtime.h"
 
 namespace vit::app {
 
@@ -140,6 +141,32 @@ void add_device_args(CLI::App* command, std::string& device, int& threads) {
   command->add_option("--threads", threads, "CPU threads (0 = all cores)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+}
+
+void add_image_model_args(CLI::App* command, ImageModelArgs& args) {
+  command->add_option("--checkpoint", args.checkpoint, kCheckpointHelp)->check(CLI::ExistingPath);
+  add_config_args(command, args.config);
+  add_img_size_option(command, args.img_size);
+  add_image_limit_args(command, args.limits);
+  add_device_args(command, args.device, args.threads);
+  command->add_option("inputs", args.inputs, "image files or directories")->required();
+}
+
+LoadedModel load_image_model(const ImageModelArgs& args) {
+  configure_threads(args.threads);
+  auto model = load_model_args(args.checkpoint, args.config);
+  if (!args.img_size.empty()) run_at_size(model, parse_img_sizes(args.img_size, false).front());
+  return model;
+}
+
+std::vector<std::string> start_image_run(LoadedModel& model, const ImageModelArgs& args) {
+  model.net->to(resolve_device(args.device));
+  model.net->eval();
+  return expand_image_inputs(args.inputs);
+}
+
+void needs_opencv(const std::string& command) {
+  throw std::runtime_error("this vit was built without OpenCV: " + command + " is unavailable");
 }
 
 }  // namespace vit::app

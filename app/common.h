@@ -60,4 +60,24 @@ void add_image_limit_args(CLI::App* command, ImageLimits& limits);
 // The exit status of a command over many inputs: ok, partial (3) when some failed, an error (1) when all did.
 int inputs_status(size_t failures, size_t inputs);
 
+// What the commands that run a model over image files share (predict, embed, export-attention): the model, its
+// input size, the limits on each input, where it runs, and the files and folders to read.
+struct ImageModelArgs {
+  std::string checkpoint;
+  ConfigArgs config;
+  std::string img_size;  // --img-size (default: the model's own)
+  ImageLimits limits;    // --max-file-mb, --max-pixels
+  std::string device = "auto";
+  int threads = 0;
+  std::vector<std::string> inputs;
+};
+// --checkpoint, --config / --set, --img-size, --max-file-mb, --max-pixels, --device, --threads and the inputs.
+void add_image_model_args(CLI::App* command, ImageModelArgs& args);
+// Threads set, the model loaded (--checkpoint, --config) and run at --img-size: ready for a command's own checks.
+LoadedModel load_image_model(const ImageModelArgs& args);
+// The model moved to --device, in eval mode; returns the image files to run (folders searched).
+std::vector<std::string> start_image_run(LoadedModel& model, const ImageModelArgs& args);
+// For a command that reads images in a build without OpenCV.
+[[noreturn]] void needs_opencv(const std::string& command);
+
 }  // namespace vit::app
