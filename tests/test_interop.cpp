@@ -550,6 +550,15 @@ TEST(SnapshotCli, PredictAndInfoNeedNoConfig) {
   EXPECT_EQ(load_model(dir / "ours.safetensors").class_names, (std::vector<std::string>{"a", "b", "c", "d", "e"}));
 }
 
+// A random two-block ViT-S/16 (width 48, 3 heads) at 32x32 with 5 classes, saved by timm's save_for_hf, and the
+// non-square image reference_models.py writes beside it.
+void small_timm_snapshot(const std::string& snap, const std::string& image, const std::string& ref) {
+  run_python("reference_models.py", "timm-snapshot " + test::quoted(snap) +
+                                        " --arch vit_small_patch16_224 --args '{\"depth\": 2, \"embed_dim\": 48, "
+                                        "\"num_heads\": 3, \"img_size\": 32, \"num_classes\": 5}'"
+                                        " --image " + test::quoted(image) + " --ref " + test::quoted(ref));
+}
+
 // The README's one command: a timm snapshot out to ONNX, run by onnxruntime on our preprocessed image and a batch
 // of 3, with each block's attention as outputs and our metadata in the file.
 TEST(ExportOnnxCli, TimmSnapshotToOnnxRunsInOnnxruntime) {
@@ -557,10 +566,7 @@ TEST(ExportOnnxCli, TimmSnapshotToOnnxRunsInOnnxruntime) {
   if (!onnx_export_available()) GTEST_SKIP() << "built without ONNX support (VIT_WITH_ONNX=OFF)";
   TempDir dir;
   const std::string snap = dir / "snapshot", image = dir / "image.png", onnx = dir / "out/model.onnx";
-  run_python("reference_models.py", "timm-snapshot " + test::quoted(snap) +
-                                        " --arch vit_small_patch16_224 --args '{\"depth\": 2, \"embed_dim\": 48, "
-                                        "\"num_heads\": 3, \"img_size\": 32, \"num_classes\": 5}'"
-                                        " --image " + test::quoted(image) + " --ref " + test::quoted(dir / "ref"));
+  small_timm_snapshot(snap, image, dir / "ref");
   const auto exported = test::run_vit("export --checkpoint " + test::quoted(snap) + " --format onnx --attention --out " +
                                       test::quoted(onnx));
   ASSERT_EQ(exported.status, 0) << exported.errors;
@@ -605,10 +611,7 @@ TEST(ExportOnnxCli, DynamicSizeMatchesPredictAtThreeSizes) {
   if (!onnx_export_available()) GTEST_SKIP() << "built without ONNX support (VIT_WITH_ONNX=OFF)";
   TempDir dir;
   const std::string snap = dir / "snapshot", image = dir / "image.png", onnx = dir / "out/model.onnx";
-  run_python("reference_models.py", "timm-snapshot " + test::quoted(snap) +
-                                        " --arch vit_small_patch16_224 --args '{\"depth\": 2, \"embed_dim\": 48, "
-                                        "\"num_heads\": 3, \"img_size\": 32, \"num_classes\": 5}'"
-                                        " --image " + test::quoted(image) + " --ref " + test::quoted(dir / "ref"));
+  small_timm_snapshot(snap, image, dir / "ref");
   const auto exported = test::run_vit("export --checkpoint " + test::quoted(snap) +
                                       " --format onnx --dynamic-size --external-data --out " + test::quoted(onnx));
   ASSERT_EQ(exported.status, 0) << exported.errors;

@@ -140,6 +140,35 @@ std::vector<std::string> folder_entries(const std::string& dir) {
   return names;
 }
 
+// onnxruntime's outputs for input `key` against the model's forward pass on x: logits (or features) within 1e-4,
+// every block's attention probabilities (and a MAP head's) within 1e-5; the differences printed after `label`.
+void expect_matches_model(VisionTransformer& net, const torch::Tensor& x, const Reference& reference,
+                          const std::string& key, const std::string& label) {
+  const auto& m = net->config();
+  const std::string output = m.num_classes > 0 ? "logits" : "features";
+  torch::NoGradGuard no_grad;
+  Capture capture;
+  capture.attention = true;
+  // (B, K), or (B, D) pooled features without a head
+  const auto expected = net->forward_head(net->forward_features(x, {}, &capture), false, &capture);
+  const auto got = reference.outputs.tensor(key + "/" + output);
+  ASSERT_EQ(got.sizes(), expected.sizes()) << key;
+  const double logits = max_abs_diff(got, expected);
+  double attention = 0.0;
+  for (int64_t b = 0; b < m.depth; ++b) {
+    const auto probs = reference.outputs.tensor(key + "/attention." + std::to_string(b));
+    ASSERT_EQ(probs.sizes(), capture.attention_probs[b].sizes()) << key << " attention." << b;
+    attention = std::max(attention, max_abs_diff(probs, capture.attention_probs[b]));
+  }
+  if (m.global_pool == GlobalPool::map) {
+    attention = std::max(attention, max_abs_diff(reference.outputs.tensor(key + "/pool_attention"),
+                                                 capture.pool_attention));
+  }
+  std::cout << label << ": max |d| " << output << " " << logits << ", attention " << attention << "\n";
+  EXPECT_LE(logits, 1e-4) << key;
+  EXPECT_LE(attention, 1e-5) << key;
+}
+
 class OnnxParity : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(OnnxParity, LogitsAndAttentionMatchOnnxruntime) {
@@ -173,30 +202,7 @@ TEST_P(OnnxParity, LogitsAndAttentionMatchOnnxruntime) {
               nlohmann::json({"batch", m.num_heads, 1, m.grid_h() * m.grid_w()}).dump());
   }
 
-  torch::NoGradGuard no_grad;
-  for (const auto& [key, x] : inputs) {
-    const auto expected = net->forward(x);  // (B, K), or (B, D) pooled features without a head
-    Capture capture;
-    capture.attention = true;
-    net->forward_head(net->forward_features(x, {}, &capture), false, &capture);
-    const auto got = reference.outputs.tensor(key + "/" + output);
-    ASSERT_EQ(got.sizes(), expected.sizes()) << key;
-    const double logits = max_abs_diff(got, expected);
-    double attention = 0.0;
-    for (int64_t b = 0; b < m.depth; ++b) {
-      const auto probs = reference.outputs.tensor(key + "/attention." + std::to_string(b));
-      ASSERT_EQ(probs.sizes(), capture.attention_probs[b].sizes()) << key << " attention." << b;
-      attention = std::max(attention, max_abs_diff(probs, capture.attention_probs[b]));
-    }
-    if (map_head) {
-      attention = std::max(attention, max_abs_diff(reference.outputs.tensor(key + "/pool_attention"),
-                                                   capture.pool_attention));
-    }
-    std::cout << variant.name << " " << key << ": max |d| " << output << " " << logits << ", attention " << attention
-              << "\n";
-    EXPECT_LE(logits, 1e-4) << key;
-    EXPECT_LE(attention, 1e-5) << key;
-  }
+  for (const auto& [key, x] : inputs) expect_matches_model(net, x, reference, key, variant.name + " " + key);
 }
 
 INSTANTIATE_TEST_SUITE_P(Onnx, OnnxParity, ::testing::ValuesIn(variants()),
@@ -291,26 +297,7 @@ TEST_P(OnnxDynamicSize, MatchesTheModelAtThreeSizes) {
   EXPECT_EQ(info["opsets"].dump(), R"({"":18})");
   EXPECT_EQ(info["inputs"][0]["shape"].dump(), nlohmann::json({"batch", m.in_chans, "height", "width"}).dump());
   EXPECT_EQ(info["outputs"][1]["shape"].dump(), nlohmann::json({"batch", m.num_heads, "tokens", "tokens"}).dump());
-  const std::string output = m.num_classes > 0 ? "logits" : "features";
-  torch::NoGradGuard no_grad;
-  for (const auto& [key, x] : inputs) {
-    Capture capture;
-    capture.attention = true;
-    const auto expected = net->forward_head(net->forward_features(x, {}, &capture), false, &capture);
-    const auto got = reference.outputs.tensor(key + "/" + output);
-    ASSERT_EQ(got.sizes(), expected.sizes()) << key;
-    const double logits = max_abs_diff(got, expected);
-    double attention = 0.0;
-    for (int64_t b = 0; b < m.depth; ++b) {
-      const auto probs = reference.outputs.tensor(key + "/attention." + std::to_string(b));
-      ASSERT_EQ(probs.sizes(), capture.attention_probs[b].sizes()) << key << " attention." << b;
-      attention = std::max(attention, max_abs_diff(probs, capture.attention_probs[b]));
-    }
-    std::cout << variant.name << " at " << key << ": max |d| " << output << " " << logits << ", attention "
-              << attention << "\n";
-    EXPECT_LE(logits, 1e-4) << key;
-    EXPECT_LE(attention, 1e-5) << key;
-  }
+  for (const auto& [key, x] : inputs) expect_matches_model(net, x, reference, key, variant.name + " at " + key);
 }
 
 INSTANTIATE_TEST_SUITE_P(Onnx, OnnxDynamicSize, ::testing::ValuesIn(sized_variants()),
