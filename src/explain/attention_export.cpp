@@ -292,101 +292,75 @@ void check_attention_options(const ModelConfig& config, const AttentionExportOpt
   }
 }
 
-AttentionExportResult export_image_attention(LoadedModel& model, const std::string& image_path,
-                                             const cv::Mat& image_bgr, const torch::Tensor& input,
-                                             const std::string& out_dir, const std::string& dir_name,
-                                             const AttentionExportOptions& options) {
+namespace {
+
+// What one image's explanation computes before anything is written: the captured attention (and gradients), the
+// prediction, the class the class-specific maps explain, one (gh, gw) map per method, and the per-head maps.
+struct ImageMaps {
+  std::vector<const ExplainMethod*> methods;  // in the order asked for
+  AttentionCapture capture;
+  std::vector<torch::Tensor> keep;  // per block (nh): 1 = the head is on
+  torch::Tensor readout;            // (N): the query the head reads
+  nlohmann::ordered_json topk;      // [{index, label, prob}]
+  int64_t predicted = 0;
+  int64_t target = 0;               // the class of the class-specific maps and the faithfulness curves
+  std::string class_source;         // "predicted" | "--class"
+  std::vector<torch::Tensor> maps;  // per method (gh, gw)
+};
+
+// Step 1: the forward (and backward) pass, the prediction, every method's map, and result's per-head maps.
+ImageMaps compute_maps(LoadedModel& model, const torch::Tensor& input, const AttentionExportOptions& options,
+                       AttentionExportResult& result) {
   const ModelConfig& config = model.model;
-  check_attention_options(config, options, model.path);
   // The grid comes from the model's input size, never from sqrt(N): rectangular models work.
   const int64_t grid_h = config.grid_h(), grid_w = config.grid_w();
   const int64_t prefix = model.net->num_prefix_tokens();
-  TORCH_CHECK(input.dim() == 3 && input.size(1) == config.img_h && input.size(2) == config.img_w,
-              "export_image_attention: input has shape ", input.sizes(), ", expected (", config.in_chans, ", ",
-              config.img_h, ", ", config.img_w, ")");
-  const std::string dir = out_dir + "/" + dir_name;
-  make_dirs(dir);
-
-  AttentionExportResult result;
-  result.dir_name = dir_name;
-  result.layers = options.layers.empty() ? parse_index_list("all", config.depth, "--layers") : options.layers;
-  result.heads = options.heads.empty() ? parse_index_list("all", config.num_heads, "--heads") : options.heads;
-  result.view = model_view(image_bgr.rows, image_bgr.cols, model.preprocess, config.img_h, config.img_w);
-
-  std::vector<const ExplainMethod*> methods;
-  for (const MapMethod id : options.methods) methods.push_back(&explain_method(id));
-  const bool class_specific = std::any_of(methods.begin(), methods.end(), [](auto* m) { return m->class_specific; });
-  const AttentionCapture capture =
-      capture_attention(model.net, input, class_specific ? options.target_class : -1);
-  const auto keep = head_keep_masks(model.net);  // per block (nh): 1 = on
+  ImageMaps out;
+  for (const MapMethod id : options.methods) out.methods.push_back(&explain_method(id));
+  const bool class_specific =
+      std::any_of(out.methods.begin(), out.methods.end(), [](auto* m) { return m->class_specific; });
+  out.capture = capture_attention(model.net, input, class_specific ? options.target_class : -1);
+  const AttentionCapture& capture = out.capture;
+  out.keep = head_keep_masks(model.net);
   // The query the head reads (rollout.h): the class token, the patch mean, or a MAP head's pooling attention.
-  const auto readout = head_readout(config, capture.pool_attention);  // (N)
+  out.readout = head_readout(config, capture.pool_attention);
 
-  // Prediction.
   const auto probs = capture.logits.softmax(0);  // (K)
   const int64_t k = std::min<int64_t>(options.topk, config.num_classes);
   const auto [top_p, top_i] = probs.topk(k);
-  nlohmann::ordered_json topk = nlohmann::ordered_json::array();
+  out.topk = nlohmann::ordered_json::array();
   for (int64_t i = 0; i < k; ++i) {
     const int64_t index = top_i[i].item<int64_t>();
-    topk.push_back({{"index", index}, {"label", model.class_names.at(index)}, {"prob", top_p[i].item<double>()}});
+    out.topk.push_back({{"index", index}, {"label", model.class_names.at(index)}, {"prob", top_p[i].item<double>()}});
   }
-  const int64_t predicted = top_i[0].item<int64_t>();
-  // The class the class-specific maps explain and the faithfulness curves measure.
-  const int64_t target = options.target_class == kPredictedClass ? predicted : options.target_class;
-  const std::string class_source = options.target_class == kPredictedClass ? "predicted" : "--class";
+  out.predicted = top_i[0].item<int64_t>();
+  out.target = options.target_class == kPredictedClass ? out.predicted : options.target_class;
+  out.class_source = options.target_class == kPredictedClass ? "predicted" : "--class";
 
-  nlohmann::ordered_json files = nlohmann::ordered_json::object();
-  auto written = [&](const std::string& role, const std::string& name) {
-    if (files.contains(role) && files[role].is_array()) files[role].push_back(name);
-    else files[role] = name;
-  };
-
-  // Raw attention of the chosen blocks: all heads, exactly the probabilities the forward pass used.
-  if (options.write_npy) {
-    files["attention_npy"] = nlohmann::ordered_json::array();
-    for (int64_t layer : result.layers) {
-      const std::string name = "attn_" + std::to_string(layer) + ".npy";
-      write_npy(dir + "/" + name, capture.attentions.at(layer));  // (nh, N, N)
-      written("attention_npy", name);
-    }
-    if (capture.pool_attention.defined()) {
-      write_npy(dir + "/pool_attn.npy", capture.pool_attention.squeeze(1));  // (nh, Np)
-      files["pool_attention_npy"] = "pool_attn.npy";
-    }
-  }
-
-  // One (gh, gw) map per method, in the order asked for.
-  std::vector<torch::Tensor> maps;
-  for (const ExplainMethod* method : methods) {
-    const std::string key = method->key;
+  for (const ExplainMethod* method : out.methods) {
     torch::Tensor map;
     switch (method->id) {
       case MapMethod::raw:
-        map = class_attention_mean(capture.attentions.back(), prefix, grid_h, grid_w, keep.back(), readout);
+        map = class_attention_mean(capture.attentions.back(), prefix, grid_h, grid_w, out.keep.back(), out.readout);
         break;
       case MapMethod::rollout:
         map = attention_rollout(capture.attentions, options.fusion, options.discard_ratio, prefix, grid_h, grid_w,
-                                keep, readout);
+                                out.keep, out.readout);
         break;
       case MapMethod::grad_rollout:
         map = gradient_rollout(capture.attentions, capture.gradients, options.discard_ratio, prefix, grid_h, grid_w,
-                               readout);
+                               out.readout);
         break;
       case MapMethod::attribution:
         map = transformer_attribution(capture.attentions, capture.gradients, options.start_layer, prefix, grid_h,
-                                      grid_w, readout);
+                                      grid_w, out.readout);
         break;
       case MapMethod::gradcam:
         map = attention_gradcam(capture.attentions.back(), capture.gradients.back(), prefix, grid_h, grid_w,
-                                readout);
+                                out.readout);
         break;
     }
-    maps.push_back(map);
-    if (options.write_npy) {
-      write_npy(dir + "/" + key + ".npy", map);
-      written(key + "_npy", key + ".npy");
-    }
+    out.maps.push_back(map);
   }
 
   // Per shown layer and head: the readout's attention map (the grid), and which of those heads are on.
@@ -396,56 +370,97 @@ AttentionExportResult export_image_attention(LoadedModel& model, const std::stri
                                 torch::kBool);
   for (size_t r = 0; r < result.layers.size(); ++r) {
     const int64_t layer = result.layers[r];
-    layer_maps.push_back(class_attention_maps(capture.attentions[layer], prefix, grid_h, grid_w, readout)
+    layer_maps.push_back(class_attention_maps(capture.attentions[layer], prefix, grid_h, grid_w, out.readout)
                              .index_select(0, heads_index));  // (heads, gh, gw)
-    result.head_on[static_cast<int64_t>(r)].copy_(keep[layer].index_select(0, heads_index) > 0);
+    result.head_on[static_cast<int64_t>(r)].copy_(out.keep[layer].index_select(0, heads_index) > 0);
   }
   result.head_maps = torch::stack(layer_maps);  // (layers, heads, gh, gw)
+  return out;
+}
 
-  if (options.write_png) {
-    // Small copy for the gallery's backdrop and the contact sheet; overlays use the full image.
-    const cv::Mat preview = fit_within(image_bgr, kPreviewSide);
-    write_image(dir + "/preview.png", preview);
-    written("preview_png", "preview.png");
-    for (size_t m = 0; m < methods.size(); ++m) {
-      const std::string key = methods[m]->key;
-      write_image(dir + "/" + key + ".png",
-                  overlay_in_view(image_bgr, to_mat(maps[m]), result.view, options.colormap, options.alpha));
-      written(key + "_png", key + ".png");
-    }
-    files["layer_png"] = nlohmann::ordered_json::array();
-    for (size_t r = 0; r < result.layers.size(); ++r) {
-      const int64_t layer = result.layers[r];
-      // Head mean over the shown heads that are on (all shown heads when every one of them is off).
-      auto shown_on = torch::zeros({config.num_heads});
-      shown_on.index_fill_(0, heads_index, 1.0);
-      if ((shown_on * keep[layer]).count_nonzero().item<int64_t>() > 0) shown_on *= keep[layer];
-      const auto mean_map =
-          class_attention_mean(capture.attentions[layer], prefix, grid_h, grid_w, shown_on, readout);
-      const std::string name = "attn_" + std::to_string(layer) + ".png";
-      write_image(dir + "/" + name,
-                  overlay_in_view(image_bgr, to_mat(mean_map), result.view, options.colormap, options.alpha));
-      written("layer_png", name);
-    }
-    write_image(dir + "/grid_layer_head.png",
-                draw_contact_sheet(preview, result, options.colormap, options.alpha, dir_name));
-    written("grid_png", "grid_layer_head.png");
+// Records the files of an image folder by role: a role written once holds a name, one set up as a list holds many.
+struct FileRoles {
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  void list(const std::string& role) { files[role] = nlohmann::ordered_json::array(); }
+  void add(const std::string& role, const std::string& name) {
+    if (files.contains(role) && files[role].is_array()) files[role].push_back(name);
+    else files[role] = name;
   }
+};
 
+// Step 2: the arrays: the chosen blocks' raw attention (all heads, exactly the probabilities the forward pass used),
+// a MAP head's pooling attention, one map per method.
+void write_arrays(const std::string& dir, const ImageMaps& maps, const AttentionExportResult& result, FileRoles& files) {
+  files.list("attention_npy");
+  for (int64_t layer : result.layers) {
+    const std::string name = "attn_" + std::to_string(layer) + ".npy";
+    write_npy(dir + "/" + name, maps.capture.attentions.at(layer));  // (nh, N, N)
+    files.add("attention_npy", name);
+  }
+  if (maps.capture.pool_attention.defined()) {
+    write_npy(dir + "/pool_attn.npy", maps.capture.pool_attention.squeeze(1));  // (nh, Np)
+    files.add("pool_attention_npy", "pool_attn.npy");
+  }
+  for (size_t m = 0; m < maps.methods.size(); ++m) {
+    const std::string key = maps.methods[m]->key;
+    write_npy(dir + "/" + key + ".npy", maps.maps[m]);
+    files.add(key + "_npy", key + ".npy");
+  }
+}
+
+// Step 3: the pictures: a preview, one overlay per method, one per shown layer (the mean of its shown heads that are
+// on), and the layer x head contact sheet.
+void draw_overlays(const std::string& dir, const cv::Mat& image_bgr, const ModelConfig& config, const ImageMaps& maps,
+                   const AttentionExportResult& result, const AttentionExportOptions& options, FileRoles& files) {
+  const int64_t prefix = config.num_prefix_tokens();
+  // Small copy for the gallery's backdrop and the contact sheet; overlays use the full image.
+  const cv::Mat preview = fit_within(image_bgr, kPreviewSide);
+  write_image(dir + "/preview.png", preview);
+  files.add("preview_png", "preview.png");
+  for (size_t m = 0; m < maps.methods.size(); ++m) {
+    const std::string key = maps.methods[m]->key;
+    write_image(dir + "/" + key + ".png",
+                overlay_in_view(image_bgr, to_mat(maps.maps[m]), result.view, options.colormap, options.alpha));
+    files.add(key + "_png", key + ".png");
+  }
+  files.list("layer_png");
+  const auto heads_index = torch::tensor(result.heads, torch::kInt64);
+  for (const int64_t layer : result.layers) {
+    // Head mean over the shown heads that are on (all shown heads when every one of them is off).
+    auto shown_on = torch::zeros({config.num_heads});
+    shown_on.index_fill_(0, heads_index, 1.0);
+    if ((shown_on * maps.keep[layer]).count_nonzero().item<int64_t>() > 0) shown_on *= maps.keep[layer];
+    const auto mean_map = class_attention_mean(maps.capture.attentions[layer], prefix, config.grid_h(),
+                                               config.grid_w(), shown_on, maps.readout);
+    const std::string name = "attn_" + std::to_string(layer) + ".png";
+    write_image(dir + "/" + name,
+                overlay_in_view(image_bgr, to_mat(mean_map), result.view, options.colormap, options.alpha));
+    files.add("layer_png", name);
+  }
+  write_image(dir + "/grid_layer_head.png",
+              draw_contact_sheet(preview, result, options.colormap, options.alpha, result.dir_name));
+  files.add("grid_png", "grid_layer_head.png");
+}
+
+// Step 4: summary.json's description of the maps: layers, heads, masked heads, each method (with its class when it
+// is class-specific), rollout's settings, the drawing options.
+nlohmann::ordered_json describe_method(const LoadedModel& model, const ImageMaps& maps,
+                                       const AttentionExportResult& result, const AttentionExportOptions& options) {
+  const ModelConfig& config = model.model;
   nlohmann::ordered_json masked = nlohmann::ordered_json::array();
-  for (size_t layer = 0; layer < keep.size(); ++layer) {
-    for (int64_t h = 0; h < keep[layer].size(0); ++h) {
-      if (keep[layer][h].item<float>() == 0.0f) masked.push_back({{"layer", layer}, {"head", h}});
+  for (size_t layer = 0; layer < maps.keep.size(); ++layer) {
+    for (int64_t h = 0; h < maps.keep[layer].size(0); ++h) {
+      if (maps.keep[layer][h].item<float>() == 0.0f) masked.push_back({{"layer", layer}, {"head", h}});
     }
   }
   nlohmann::ordered_json method_list = nlohmann::ordered_json::array();
-  for (const ExplainMethod* method : methods) {
+  for (const ExplainMethod* method : maps.methods) {
     nlohmann::ordered_json entry = {{"method", method->name}, {"key", method->key}, {"title", method->title},
                                     {"class_specific", method->class_specific}};
     if (method->class_specific) {
-      entry["class"] = target;
-      entry["label"] = model.class_names.at(target);
-      entry["class_source"] = class_source;
+      entry["class"] = maps.target;
+      entry["label"] = model.class_names.at(maps.target);
+      entry["class_source"] = maps.class_source;
       entry["score"] = "logit (before softmax)";
     }
     if (method->id == MapMethod::attribution) entry["start_layer"] = options.start_layer;
@@ -460,21 +475,90 @@ AttentionExportResult export_image_attention(LoadedModel& model, const std::stri
       {"readout", head_readout_name(config)},
       {"maps", method_list},
       {"rollout", {{"head_fusion", options.fusion}, {"discard_ratio", options.discard_ratio},
-                   {"prefix_tokens", prefix}, {"readout", head_readout_name(config)},
+                   {"prefix_tokens", config.num_prefix_tokens()}, {"readout", head_readout_name(config)},
                    {"definition", kRolloutDefinition}}},
       {"colormap", options.colormap},
       {"alpha", options.alpha},
       {"format", options.write_png && options.write_npy ? "both" : options.write_png ? "png" : "npy"},
   };
   if (std::find(options.methods.begin(), options.methods.end(), MapMethod::grad_rollout) != options.methods.end()) {
-    method["grad_rollout"] = {{"class", target},
-                              {"label", model.class_names.at(target)},
-                              {"class_source", class_source},
+    method["grad_rollout"] = {{"class", maps.target},
+                              {"label", model.class_names.at(maps.target)},
+                              {"class_source", maps.class_source},
                               {"score", "logit (before softmax)"},
                               {"discard_ratio", options.discard_ratio},
                               {"definition", kGradRolloutDefinition}};
   }
+  return method;
+}
 
+// Step 5 (--faithfulness): each method's deletion, insertion and perturbation curves and a random order's, for
+// summary.json.
+nlohmann::ordered_json measure_faithfulness(LoadedModel& model, const torch::Tensor& input, const ImageMaps& maps,
+                                            const AttentionExportOptions& options) {
+  const int64_t patches = model.model.grid_h() * model.model.grid_w();
+  nlohmann::ordered_json curves = nlohmann::ordered_json::object();
+  for (size_t m = 0; m < maps.methods.size(); ++m) {
+    curves[maps.methods[m]->key] =
+        faithfulness_of(model.net, input, importance_order(maps.maps[m]), maps.target, options.faithfulness_steps)
+            .json();
+  }
+  const auto random = faithfulness_of(model.net, input, random_order(patches, options.random_seed), maps.target,
+                                      options.faithfulness_steps);
+  curves["random"] = random.json();
+  // The levels are the same for every order.
+  const auto& even = random.deletion.fractions;
+  const auto& tenths = random.positive.fractions;
+  return {
+      {"class", maps.target},
+      {"label", model.class_names.at(maps.target)},
+      {"class_source", maps.class_source},
+      {"baseline", "blanked patches are 0 after normalisation (the dataset mean colour); insertion starts from an "
+                   "all-blank image"},
+      {"random_seed", options.random_seed},
+      {"metrics",
+       {{"deletion", {{"better", "lower"}, {"fractions", even},
+                      {"definition", "probability of the class as patches are blanked, most relevant first; "
+                                     "AUC over the blanked fraction 0..1"}}},
+        {"insertion", {{"better", "higher"}, {"fractions", even},
+                       {"definition", "probability of the class as patches are restored onto a blank image, most "
+                                      "relevant first; AUC over the restored fraction 0..1"}}},
+        {"positive", {{"better", "lower"}, {"fractions", tenths},
+                      {"definition", "positive perturbation (Chefer et al. 2021): 0%, 10%, .., 90% of the patches "
+                                     "blanked, most relevant first; AUC of the probability over 0..0.9"}}},
+        {"negative", {{"better", "higher"}, {"fractions", tenths},
+                      {"definition", "negative perturbation: the same levels, least relevant first"}}}}},
+      {"curves", curves},
+      {"note", "top1: 1 where the class is still the prediction at that level (the accuracy curve over a folder)"},
+  };
+}
+
+}  // namespace
+
+AttentionExportResult export_image_attention(LoadedModel& model, const std::string& image_path,
+                                             const cv::Mat& image_bgr, const torch::Tensor& input,
+                                             const std::string& out_dir, const std::string& dir_name,
+                                             const AttentionExportOptions& options) {
+  const ModelConfig& config = model.model;
+  check_attention_options(config, options, model.path);
+  TORCH_CHECK(input.dim() == 3 && input.size(1) == config.img_h && input.size(2) == config.img_w,
+              "export_image_attention: input has shape ", input.sizes(), ", expected (", config.in_chans, ", ",
+              config.img_h, ", ", config.img_w, ")");
+  const std::string dir = out_dir + "/" + dir_name;
+  make_dirs(dir);
+
+  AttentionExportResult result;
+  result.dir_name = dir_name;
+  result.layers = options.layers.empty() ? parse_index_list("all", config.depth, "--layers") : options.layers;
+  result.heads = options.heads.empty() ? parse_index_list("all", config.num_heads, "--heads") : options.heads;
+  result.view = model_view(image_bgr.rows, image_bgr.cols, model.preprocess, config.img_h, config.img_w);
+
+  const ImageMaps maps = compute_maps(model, input, options, result);
+  FileRoles files;
+  if (options.write_npy) write_arrays(dir, maps, result, files);
+  if (options.write_png) draw_overlays(dir, image_bgr, config, maps, result, options, files);
+
+  const int64_t prefix = config.num_prefix_tokens();
   nlohmann::ordered_json summary = {
       {"format", kAttentionExportFormat},
       {"format_version", kAttentionExportVersion},
@@ -490,57 +574,23 @@ AttentionExportResult export_image_attention(LoadedModel& model, const std::stri
       {"model",
        {{"img_size", {config.img_h, config.img_w}},
         {"patch_size", config.patch_size},
-        {"grid", {grid_h, grid_w}},
-        {"tokens", prefix + grid_h * grid_w},
+        {"grid", {config.grid_h(), config.grid_w()}},
+        {"tokens", prefix + config.grid_h() * config.grid_w()},
         {"prefix_tokens", prefix},
         {"depth", config.depth},
         {"num_heads", config.num_heads}}},
-      {"prediction", {{"class", predicted}, {"label", model.class_names.at(predicted)}, {"topk", topk}}},
-      {"method", method},
+      {"prediction", {{"class", maps.predicted}, {"label", model.class_names.at(maps.predicted)}, {"topk", maps.topk}}},
+      {"method", describe_method(model, maps, result, options)},
   };
-
-  written("summary", "summary.json");
+  files.add("summary", "summary.json");
   if (options.faithfulness) {
-    const int64_t patches = grid_h * grid_w;
-    nlohmann::ordered_json curves = nlohmann::ordered_json::object();
-    for (size_t m = 0; m < methods.size(); ++m) {
-      curves[methods[m]->key] =
-          faithfulness_of(model.net, input, importance_order(maps[m]), target, options.faithfulness_steps).json();
-    }
-    const auto random = faithfulness_of(model.net, input, random_order(patches, options.random_seed), target,
-                                        options.faithfulness_steps);
-    curves["random"] = random.json();
-    // The levels are the same for every order.
-    const auto& even = random.deletion.fractions;
-    const auto& tenths = random.positive.fractions;
-    summary["faithfulness"] = {
-        {"class", target},
-        {"label", model.class_names.at(target)},
-        {"class_source", class_source},
-        {"baseline", "blanked patches are 0 after normalisation (the dataset mean colour); insertion starts from an "
-                     "all-blank image"},
-        {"random_seed", options.random_seed},
-        {"metrics",
-         {{"deletion", {{"better", "lower"}, {"fractions", even},
-                        {"definition", "probability of the class as patches are blanked, most relevant first; "
-                                       "AUC over the blanked fraction 0..1"}}},
-          {"insertion", {{"better", "higher"}, {"fractions", even},
-                         {"definition", "probability of the class as patches are restored onto a blank image, most "
-                                        "relevant first; AUC over the restored fraction 0..1"}}},
-          {"positive", {{"better", "lower"}, {"fractions", tenths},
-                        {"definition", "positive perturbation (Chefer et al. 2021): 0%, 10%, .., 90% of the patches "
-                                       "blanked, most relevant first; AUC of the probability over 0..0.9"}}},
-          {"negative", {{"better", "higher"}, {"fractions", tenths},
-                        {"definition", "negative perturbation: the same levels, least relevant first"}}}}},
-        {"curves", curves},
-        {"note", "top1: 1 where the class is still the prediction at that level (the accuracy curve over a folder)"},
-    };
+    summary["faithfulness"] = measure_faithfulness(model, input, maps, options);
     if (options.write_png) {
       write_faithfulness_plot(dir + "/faithfulness.png", summary["faithfulness"]);
-      written("faithfulness_png", "faithfulness.png");
+      files.add("faithfulness_png", "faithfulness.png");
     }
   }
-  summary["files"] = files;
+  summary["files"] = files.files;
 
   write_file_atomic(dir + "/summary.json", dump_json(summary));
   result.summary = std::move(summary);
