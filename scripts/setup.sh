@@ -18,7 +18,7 @@ libtorch=${VIT_LIBTORCH:-debian}
 # Debian's, so Debian's OpenCV, GoogleTest and spdlog link with it.
 torch_version=${VIT_TORCH_VERSION:-2.14.1}
 
-packages=(cmake g++ make ninja-build pkg-config libopenblas0-openmp libopencv-dev libcli11-dev libspdlog-dev
+packages=(cmake g++ make ninja-build pkg-config libopenblas0-openmp libdnnl-dev libopencv-dev libcli11-dev libspdlog-dev
           nlohmann-json3-dev libgtest-dev googletest zlib1g-dev dataset-fashion-mnist libgloo-dev
           python3 python3-numpy libprotobuf-dev protobuf-compiler libonnx-dev libarchive-dev libjpeg-dev)
 # Test-only extras: Chromium renders the attention gallery page; the reference libraries (timm, transformers, onnx,

@@ -12,7 +12,7 @@
 #include "model/vit.h"
 #include "test_util.h"
 #include "train/optimizer.h"
-#include "train/amp.h"
+#include "model/autocast.h"
 #include "train/distributed.h"
 #include "train/trainer.h"
 

@@ -1,7 +1,7 @@
 // `vit bench`: times the real training step (FlatAdamW, classification_loss) and InferenceMode forwards on random
 // inputs, and the machine's matmul peak in the same process, so the achieved fraction compares like with like.
 #include "bench/bench.h"
-#include "train/amp.h"
+#include "model/autocast.h"
 
 #include <c10/core/InferenceMode.h>
 #include <torch/cuda.h>
@@ -133,10 +133,22 @@ double measure_matmul_peak(torch::Device device, torch::ScalarType dtype, double
 BenchResult run_bench(const ModelConfig& model_config, const BenchOptions& options) {
   validate(model_config, "model");
   check_options(model_config, options);
+  torch::manual_seed(options.seed);
+  VisionTransformer net(model_config);
+  return run_bench(net, options);
+}
+
+BenchResult run_bench(VisionTransformer& net, const BenchOptions& options) {
+  const ModelConfig& model_config = net->config();
+  check_options(model_config, options);
   BenchResult result;
   result.threads = configure_threads(options.threads);
   const torch::Device device = resolve_device(options.device);
   result.device = device.str();
+  if (options.mode != "train") {
+    const auto refusal = precision_refusal(options.precision, device.type());
+    if (!refusal.empty()) throw std::invalid_argument(refusal);
+  }
   if (options.amp != AmpMode::off && !device.is_cuda()) {
     log::warn(std::string("--amp ") + name_of(options.amp) + " needs CUDA; benching float32 on " + device.str());
   }
@@ -161,7 +173,6 @@ BenchResult run_bench(const ModelConfig& model_config, const BenchOptions& optio
 
   torch::manual_seed(options.seed);
   if (device.is_cuda()) torch::cuda::manual_seed_all(options.seed);
-  VisionTransformer net(model_config);
   net->to(device);
   const int64_t B = options.batch_size;
   const auto input_options = torch::TensorOptions().device(device);
@@ -205,6 +216,9 @@ BenchResult run_bench(const ModelConfig& model_config, const BenchOptions& optio
 
   if (options.mode != "train") {
     net->eval();
+    net->set_precision(options.precision);
+    result.precision = options.precision;
+    result.weight_mb = static_cast<double>(net->weight_bytes()) / (1024.0 * 1024.0);
     c10::InferenceMode inference;
     AutocastScope autocast(amp, amp_dtype);
     auto one = images_of(1);
@@ -221,6 +235,7 @@ BenchResult run_bench(const ModelConfig& model_config, const BenchOptions& optio
 
   result.peak_rss_mb = peak_rss_mb();
   result.peak_cuda_mb = cuda_peak_mb(device);
+  net->set_precision(Precision::fp32);
   return result;
 }
 
@@ -237,6 +252,8 @@ nlohmann::json to_json(const BenchResult& r) {
       {"peak_fraction", value(r.peak_fraction())},
       {"device", r.device},
       {"amp", name_of(r.amp)},
+      {"precision", name_of(r.precision)},
+      {"weight_mb", value(r.weight_mb)},
       {"threads", r.threads},
       {"batch_size", r.batch_size},
       {"gmacs", r.gmacs},

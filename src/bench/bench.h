@@ -10,6 +10,8 @@
 #include <torch/types.h>
 
 #include "config/config.h"
+#include "model/precision.h"
+#include "model/vit.h"
 
 namespace vit {
 
@@ -21,6 +23,7 @@ struct BenchOptions {
   std::string device = "auto"; // auto | cpu | cuda | cuda:N
   int threads = 0;             // intra-op threads (0 = all cores)
   AmpMode amp = AmpMode::off;  // CUDA only; ignored with a warning on CPU
+  Precision precision = Precision::fp32;  // inference only (model/precision.h); training stays float32 (or --amp)
   double peak_seconds = 0.5;   // time spent measuring the matmul peak (0 = skip it)
   uint64_t seed = 0;           // seeds the weights and the synthetic inputs
 };
@@ -29,6 +32,8 @@ struct BenchOptions {
 struct BenchResult {
   std::string device;        // e.g. "cpu", "cuda:0"
   AmpMode amp = AmpMode::off;  // the precision actually used
+  Precision precision = Precision::fp32;  // inference's
+  double weight_mb = -1.0;   // what inference's weights take (VisionTransformerImpl::weight_bytes), MiB
   int threads = 0;           // intra-op threads
   int64_t batch_size = 0;
   double gmacs = 0.0;        // forward multiply-accumulates per image (model/flops.h), in 1e9
@@ -61,6 +66,8 @@ struct BenchResult {
 // Builds the model from `model` (fresh weights), benches what options.mode asks for and reports it.
 // Throws std::invalid_argument for bad options (unknown mode, training a model without a head, ...).
 BenchResult run_bench(const ModelConfig& model, const BenchOptions& options);
+// The same for a model as loaded (vit bench --checkpoint): its own weights, at the size it runs at.
+BenchResult run_bench(VisionTransformer& net, const BenchOptions& options);
 
 // Best rate of one n x n by n x n matmul on `device` in `dtype` over about `seconds` of repeats, in GFLOP/s:
 // torch::mm, or (through_model_linear) the model's own linear layer, which may use another GEMM on CPU.

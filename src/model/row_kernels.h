@@ -1,4 +1,5 @@
-// The fused block's element-wise and short-attention kernels (model/fused_block.cpp), compiled three times: for
+// The fused block's element-wise and short-attention kernels (model/fused_block.cpp) and int8 inference's
+// quantize and scale rows (model/precision.cpp), compiled three times: for
 // AVX-512, for AVX2 + FMA and for the x86-64 baseline (model/row_kernels_*.cpp), the one this CPU runs chosen once at
 // run time. Plain loops the compiler vectorizes; no LibTorch in these units.
 //
@@ -44,6 +45,12 @@ struct RowKernels {
   void (*short_attention_backward)(const float* P, const float* dO, int64_t ld, const float* q, const float* k,
                                    const float* v, int64_t row, int64_t N, int64_t hd, float scale, float* dq,
                                    float* dk, float* dv, float* vT, float* ds);
+
+  // int8 inference (model/precision.h). quantize_row: symmetric int8 of one row of n, q = round(x / scale) with
+  // scale = max|x| / 127 (1 for an all-zero row), returned. scale_row: y = y row_scale + bias (bias null for none) in
+  // place over one row of n.
+  float (*quantize_row)(const float* x, int64_t n, int8_t* q);
+  void (*scale_row)(float* y, int64_t n, float row_scale, const float* bias);
 };
 
 // The kernels for this CPU: AVX-512 (F, VL, BW, DQ) where it has them, else AVX2 + FMA, else the baseline.

@@ -131,6 +131,36 @@ void add_row(const float* src, int64_t n, float* acc) {
   for (int64_t j = 0; j < n; ++j) acc[j] += src[j];
 }
 
+// Symmetric int8 over one row: scale = max|x| / 127 (1 for an all-zero row), q = round-half-even(x / scale).
+// Rounded by adding and subtracting 1.5 * 2^23 (exact for |v| <= 127 in round-to-nearest-even), which vectorizes
+// where nearbyint does not (GCC 12 also needs the restrict pointers, no simd pragma and no clamp for the stores).
+float quantize_row(const float* x_in, int64_t n, int8_t* q_out) {
+  const float* __restrict x = x_in;
+  int8_t* __restrict q = q_out;
+  float max_abs = 0.0f;
+#pragma omp simd reduction(max : max_abs)
+  for (int64_t j = 0; j < n; ++j) max_abs = std::max(max_abs, std::fabs(x[j]));
+  const float scale = max_abs > 0.0f ? max_abs / 127.0f : 1.0f;
+  const float inverse = 1.0f / scale;
+  // |x| inverse <= 127 up to a rounding of the product, which the rounding to an integer absorbs: no clamp needed.
+  for (int64_t j = 0; j < n; ++j) {
+    const float rounded = (x[j] * inverse + 12582912.0f) - 12582912.0f;
+    q[j] = static_cast<int8_t>(static_cast<int32_t>(rounded));
+  }
+  return scale;
+}
+
+// y = y row_scale + bias over one row (bias null for none), in place.
+void scale_row(float* y, int64_t n, float row_scale, const float* bias) {
+  if (bias != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) y[j] = y[j] * row_scale + bias[j];
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) y[j] *= row_scale;
+  }
+}
+
 // Softmax over each of rows rows of cols, in place; the exp on whole vectors (W at a time), the tail one by one.
 void softmax_rows(float* s, int64_t rows, int64_t cols) {
   for (int64_t i = 0; i < rows; ++i) {
@@ -321,7 +351,8 @@ void short_attention_backward(const float* P, const float* dO, int64_t ld, const
 
 RowKernels table(const char* isa) {
   return {isa,      &layer_norm_row, &layer_norm_backward_row, &add_branch_row,  &branch_backward_row,
-          &add_row, &softmax_rows,   &softmax_backward_rows,   &short_attention, &short_attention_backward};
+          &add_row, &softmax_rows,   &softmax_backward_rows,   &short_attention, &short_attention_backward,
+          &quantize_row, &scale_row};
 }
 
 }  // namespace vit::VIT_ROW_KERNELS_ISA

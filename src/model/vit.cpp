@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "model/autocast.h"
 #include "model/cpu_kernels.h"
 #include "model/fused_block.h"
 #include "util/log.h"
@@ -68,7 +69,17 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
   if (with_bias) bias = register_parameter("bias", torch::empty({out_features}));
 }
 
-torch::Tensor LinearImpl::forward(const torch::Tensor& x) { return linear(x, weight, bias); }
+namespace {
+// Whether a packed (reduced-precision) layer may take x: inference only, where it was packed (CPU float32).
+bool takes_packed(const std::shared_ptr<PackedLinear>& packed, const torch::Tensor& x) {
+  return packed && !torch::GradMode::is_enabled() && x.device().is_cpu() && x.scalar_type() == torch::kFloat;
+}
+}  // namespace
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (takes_packed(packed, x)) return packed->forward(x);
+  return linear(x, weight, bias);
+}
 
 // ---- PatchEmbed ----
 
@@ -90,6 +101,7 @@ torch::Tensor PatchEmbedImpl::forward(const torch::Tensor& x) {
                        .reshape({B, C, gh, P, gw, P})
                        .permute({0, 2, 4, 1, 3, 5})
                        .reshape({B, gh * gw, C * P * P});  // (B, gh*gw, C*P*P), rows of patches in (c, y, x) order
+    if (takes_packed(packed, patches)) return packed->forward(patches);
     return linear(patches, proj->weight.view({proj->weight.size(0), C * P * P}), proj->bias);
   }
   auto y = proj->forward(x);           // (B, D, gh, gw)
@@ -165,14 +177,14 @@ torch::Tensor AttentionImpl::relative_bias(std::array<int64_t, 2> grid) {
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
                                      torch::Tensor* probs_out) {
   const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
-  const auto fused = linear(x, qkv->weight, qkv->bias);  // (B, N, 3D)
+  const auto fused = qkv->forward(x);  // (B, N, 3D)
   const bool dropping = is_training() && attn_drop > 0.0;
   const bool plain = !mask.defined() && !relative_position_bias_table.defined() && !dropping && !head_mask.defined() &&
                      !q_norm;
   if (kernel == AttentionKernel::automatic && !sdpa_available() && plain && probs_out == nullptr &&
       attention_core_applies(fused)) {
     // CPU float32: q, k, v read in place from the fused projection, heads in parallel (model/cpu_kernels.h).
-    auto merged = linear(attention_core(fused, num_heads, scale), proj->weight, proj->bias);  // (B, N, D)
+    auto merged = proj->forward(attention_core(fused, num_heads, scale));  // (B, N, D)
     if (proj_drop > 0.0 && is_training()) merged = torch::dropout(merged, /*p=*/proj_drop, /*train=*/true);
     return merged;
   }
@@ -214,7 +226,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t,
   }
   if (head_mask.defined()) out = out * head_mask.to(out.dtype()).view({1, num_heads, 1, 1});
   auto merged = out.transpose(1, 2).reshape({B, N, D});  // (B, N, D), heads concatenated
-  merged = linear(merged, proj->weight, proj->bias);
+  merged = proj->forward(merged);
   if (proj_drop > 0.0 && is_training()) merged = torch::dropout(merged, /*p=*/proj_drop, /*train=*/true);
   return merged;
 }
@@ -239,9 +251,9 @@ MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act) : dro
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  auto h = activation(linear(x, fc1->weight, fc1->bias), act);
+  auto h = activation(fc1->forward(x), act);
   if (drop > 0.0 && is_training()) h = torch::dropout(h, /*p=*/drop, /*train=*/true);
-  h = linear(h, fc2->weight, fc2->bias);
+  h = fc2->forward(h);
   if (drop > 0.0 && is_training()) h = torch::dropout(h, /*p=*/drop, /*train=*/true);
   return h;
 }
@@ -276,7 +288,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> 
   // The fused CPU block where nothing asks for what it does not compute (probabilities, masks, head ablation, another
   // attention kernel) and the model's options are covered.
   if (fused && probs_out == nullptr && !mask.defined() && !attn->head_mask.defined() &&
-      attn->kernel == AttentionKernel::automatic) {
+      attn->kernel == AttentionKernel::automatic && !attn->qkv->packed) {
     const BlockParameters parameters{norm1->weight,       norm1->bias,     attn->qkv->weight, attn->qkv->bias,
                                      attn->proj->weight,  attn->proj->bias, ls1 ? ls1->gamma : torch::Tensor(),
                                      norm2->weight,       norm2->bias,     mlp->fc1->weight,  mlp->fc1->bias,
@@ -320,15 +332,15 @@ AttentionPoolImpl::AttentionPoolImpl(const ModelConfig& config)
 
 torch::Tensor AttentionPoolImpl::forward(const torch::Tensor& x, torch::Tensor* probs_out) {
   const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
-  auto query = linear(latent.expand({B, -1, -1}).to(x.dtype()), q->weight, q->bias)
+  auto query = q->forward(latent.expand({B, -1, -1}).to(x.dtype()))
                    .reshape({B, 1, num_heads, head_dim})
                    .transpose(1, 2);  // (B, nh, 1, hd)
-  auto keys_values = linear(x, kv->weight, kv->bias).reshape({B, N, 2, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
+  auto keys_values = kv->forward(x).reshape({B, N, 2, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
   auto keys = keys_values[0], values = keys_values[1];                          // (B, nh, Np, hd)
   auto probs = torch::matmul(query * scale, keys.transpose(-2, -1)).softmax(-1);  // (B, nh, 1, Np)
   if (probs_out != nullptr) *probs_out = probs;
   auto out = torch::matmul(probs, values).transpose(1, 2).reshape({B, 1, D});  // (B, 1, D), heads concatenated
-  out = linear(out, proj->weight, proj->bias);
+  out = proj->forward(out);
   out = out + mlp->forward(norm->forward(out));
   return out.select(1, 0);  // (B, D): the one latent
 }
@@ -429,6 +441,8 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
                                 ")");
   }
   const std::array<int64_t, 2> grid{H / P, W / P};
+  std::optional<AutocastScope> autocast;  // --precision fp16 / bf16 on CUDA
+  if (cuda_autocast(x)) autocast.emplace(true, precision_ == Precision::fp16 ? torch::kHalf : torch::kBFloat16);
   auto tokens = patch_embed->forward(x);  // (B, gh*gw, D)
   const int64_t B = tokens.size(0);
   std::vector<torch::Tensor> parts;  // prefix tokens, then the patches
@@ -446,6 +460,21 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
   if (capture != nullptr) capture->embed = tokens;
 
   const bool want_probs = capture != nullptr && capture->attention;
+  if (packed_inference(tokens) && capture == nullptr && !mask.defined() && tokens.size(0) > 1) {
+    // Packed (int8 / bf16) inference runs all blocks on a few images at a time: the widest intermediate (the MLP's
+    // hidden activations) then stays under ~8 MiB, reused from the heap instead of fresh pages for every product
+    // (glibc maps anything over 32 MiB anew each time); a ViT-B/16 batch of 32 gains ~15%.
+    const int64_t hidden = static_cast<int64_t>(static_cast<double>(config_.embed_dim) * config_.mlp_ratio);
+    const int64_t per_chunk = std::max<int64_t>(1, (int64_t{8} << 20) / (tokens.size(1) * hidden * 4));
+    std::vector<torch::Tensor> chunks;
+    for (auto chunk : tokens.split(per_chunk)) {
+      for (const auto& module : *blocks) chunk = module->as<Block>()->forward(chunk, grid, mask, nullptr);
+      chunks.push_back(chunk);
+    }
+    tokens = chunks.size() == 1 ? chunks[0] : torch::cat(chunks);
+    if (norm) tokens = norm->forward(tokens);
+    return tokens;
+  }
   for (const auto& module : *blocks) {
     torch::Tensor probs;
     tokens = module->as<Block>()->forward(tokens, grid, mask, want_probs ? &probs : nullptr);
@@ -453,11 +482,13 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
     if (capture != nullptr && capture->block_outputs) capture->outputs.push_back(tokens);
   }
   if (norm) tokens = norm->forward(tokens);
-  return tokens;  // (B, N, D)
+  return autocast ? tokens.to(torch::kFloat) : tokens;  // (B, N, D)
 }
 
 torch::Tensor VisionTransformerImpl::forward_head(const torch::Tensor& tokens, bool pre_logits, Capture* capture) {
   const int64_t prefix = num_prefix_tokens();
+  std::optional<AutocastScope> autocast;
+  if (cuda_autocast(tokens)) autocast.emplace(true, precision_ == Precision::fp16 ? torch::kHalf : torch::kBFloat16);
   torch::Tensor pooled;  // (B, D)
   if (attn_pool) {
     const bool want_probs = capture != nullptr && capture->attention;
@@ -470,8 +501,57 @@ torch::Tensor VisionTransformerImpl::forward_head(const torch::Tensor& tokens, b
   }
   if (fc_norm) pooled = fc_norm->forward(pooled);
   if (config_.drop_rate > 0.0 && is_training()) pooled = torch::dropout(pooled, config_.drop_rate, true);
-  if (pre_logits || !head) return pooled;
-  return head->forward(pooled);  // (B, K)
+  if (pre_logits || !head) return autocast ? pooled.to(torch::kFloat) : pooled;
+  auto logits = head->forward(pooled);  // (B, K)
+  return autocast ? logits.to(torch::kFloat) : logits;
+}
+
+bool VisionTransformerImpl::packed_inference(const torch::Tensor& x) const {
+  return (precision_ == Precision::int8 || precision_ == Precision::bf16) && x.device().is_cpu() &&
+         !torch::GradMode::is_enabled();
+}
+
+bool VisionTransformerImpl::cuda_autocast(const torch::Tensor& x) const {
+  return (precision_ == Precision::fp16 || precision_ == Precision::bf16) && x.is_cuda();
+}
+
+void VisionTransformerImpl::set_precision(Precision precision) {
+  const auto device = pos_embed.device().type();
+  const auto refusal = precision_refusal(precision, device);
+  if (!refusal.empty()) throw std::invalid_argument(refusal);
+  // Packed layers are made from the weights as they are now; fp32 and CUDA keep none.
+  const bool pack = precision != Precision::fp32 && device == torch::kCPU;
+  torch::NoGradGuard no_grad;
+  for (auto& module : modules(/*include_self=*/false)) {
+    if (auto* dense = module->as<Linear>()) {
+      dense->packed = pack ? std::make_shared<PackedLinear>(dense->weight, dense->bias, precision) : nullptr;
+    }
+  }
+  const auto& conv = patch_embed->proj;
+  patch_embed->packed =
+      pack ? std::make_shared<PackedLinear>(conv->weight.reshape({conv->weight.size(0), -1}), conv->bias, precision)
+           : nullptr;
+  precision_ = precision;
+}
+
+int64_t VisionTransformerImpl::weight_bytes() {
+  std::set<const void*> packed_tensors;  // the float32 weights a packed layer replaces
+  int64_t bytes = 0;
+  auto count_packed = [&](const std::shared_ptr<PackedLinear>& packed, std::initializer_list<torch::Tensor> replaced) {
+    if (!packed) return;
+    bytes += packed->weight_bytes();
+    for (const auto& t : replaced) {
+      if (t.defined()) packed_tensors.insert(t.unsafeGetTensorImpl());
+    }
+  };
+  for (auto& module : modules(/*include_self=*/false)) {
+    if (auto* dense = module->as<Linear>()) count_packed(dense->packed, {dense->weight, dense->bias});
+  }
+  count_packed(patch_embed->packed, {patch_embed->proj->weight, patch_embed->proj->bias});
+  for (const auto& p : parameters()) {
+    if (packed_tensors.count(p.unsafeGetTensorImpl()) == 0) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  return bytes;
 }
 
 torch::Tensor VisionTransformerImpl::forward(const torch::Tensor& x) { return forward_head(forward_features(x)); }

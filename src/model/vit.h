@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include "config/model_config.h"
+#include "model/precision.h"
 
 namespace vit {
 
@@ -39,13 +40,15 @@ torch::Tensor key_padding_mask(const torch::Tensor& keep_tokens);   // (B, N) bo
 
 // torch::nn::Linear without construction-time initialisation: the model initialises every weight once (timm's
 // scheme) or, when it is about to be loaded from a file, not at all. Parameter names ("weight", "bias") and layout
-// ((out, in), (out)) are nn.Linear's; forward goes through model/cpu_kernels' linear.
+// ((out, in), (out)) are nn.Linear's; forward goes through model/cpu_kernels' linear, or through `packed` (int8 or
+// bf16, model/precision.h) when the model runs in reduced precision and no gradient is recorded.
 struct LinearImpl : torch::nn::Module {
   LinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::Tensor weight;  // (out, in)
   torch::Tensor bias;    // (out), undefined without bias
+  std::shared_ptr<PackedLinear> packed;  // the weight in reduced precision, or null
 };
 TORCH_MODULE(Linear);
 
@@ -59,6 +62,7 @@ struct PatchEmbedImpl : torch::nn::Module {
 
   torch::nn::Conv2d proj{nullptr};  // bias unless pre_norm, as timm
   int64_t patch_size;
+  std::shared_ptr<PackedLinear> packed;  // proj as a product over flattened patches in reduced precision, or null
 };
 TORCH_MODULE(PatchEmbed);
 
@@ -178,6 +182,14 @@ struct VisionTransformerImpl : torch::nn::Module {
   void set_attention_kernel(AttentionKernel kernel);
   // Lets every block take the fused CPU path where it applies (the default), or keeps them all operator by operator.
   void set_fused_blocks(bool on);
+  // Runs inference in `precision` (model/precision.h) on the device the parameters are on now (move the model first):
+  // on the CPU every linear layer and the patch embedding are packed in int8 or bf16 (from the current weights; the
+  // float32 ones stay for gradients); on CUDA forward runs under fp16 or bf16 autocast. fp32 undoes either. Throws
+  // precision_refusal's reason where this build or machine cannot.
+  void set_precision(Precision precision);
+  Precision precision() const { return precision_; }
+  // Bytes the weights take as the model runs: float32 parameters, with each packed layer counted at its packed size.
+  int64_t weight_bytes();
   // Re-initialises all parameters as timm's default init ("jax"-free): trunc-normal(0.02) for Linear and pos_embed,
   // normal(1e-6) for cls_token and reg_token, trunc-normal(D^-0.5) for attn_pool's latent, zero biases, LayerNorm
   // (1, 0). Deterministic given torch's generator state.
@@ -198,7 +210,11 @@ struct VisionTransformerImpl : torch::nn::Module {
   Linear head{nullptr};                   // absent when num_classes == 0
 
  private:
+  bool cuda_autocast(const torch::Tensor& x) const;    // reduced precision on CUDA: forward under autocast
+  bool packed_inference(const torch::Tensor& x) const;  // int8 / bf16 on the CPU, no gradient recorded
+
   ModelConfig config_;
+  Precision precision_ = Precision::fp32;
 };
 TORCH_MODULE(VisionTransformer);
 

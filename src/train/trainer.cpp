@@ -19,7 +19,7 @@
 
 #include "data/loader.h"
 #include "io/model_file.h"
-#include "train/amp.h"
+#include "model/autocast.h"
 #include "train/distributed.h"
 #include "train/evaluate.h"
 #include "train/loss_scaler.h"

@@ -1,0 +1,105 @@
+// model/dnnl_matmul.h over oneDNN 2's C++ API (Debian's libdnnl-dev).
+#include "model/dnnl_matmul.h"
+
+#include <dnnl.hpp>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace vit {
+namespace {
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+
+}  // namespace
+
+struct DnnlMatmul::State {
+  MatmulType type;
+  int64_t N, K;
+  std::vector<char> weight;  // (N, K) row-major: the (K, N) matrix oneDNN reads in layout "ba"
+  std::vector<float> column_scales;  // int8: (N)
+
+  struct Entry {
+    dnnl::matmul matmul;
+    dnnl::memory::desc scratchpad;
+    dnnl::memory weights;  // the weight in the layout this primitive reads
+  };
+  mutable std::mutex mutex;
+  mutable std::map<std::pair<int64_t, bool>, Entry> primitives;  // by (M, with bias)
+  mutable std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed;  // the weight in each layout wanted
+
+  dt input_type() const { return type == MatmulType::int8 ? dt::s8 : dt::bf16; }
+
+  // The primitive for M rows (made on first use); a copy of its handles, so callers need no lock.
+  Entry entry(int64_t M, bool with_bias) const {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto key = std::make_pair(M, with_bias);
+    auto found = primitives.find(key);
+    if (found != primitives.end()) return found->second;
+    const dnnl::memory::desc src({M, K}, input_type(), tag::ab);
+    const dnnl::memory::desc weights({K, N}, input_type(), tag::any);
+    const dnnl::memory::desc dst({M, N}, dt::f32, tag::ab);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (type == MatmulType::int8) attr.set_output_scales(1 << 1, column_scales);  // one per column of C
+    const auto desc = with_bias
+                          ? dnnl::matmul::desc(src, weights, dnnl::memory::desc({1, N}, dt::f32, tag::ab), dst)
+                          : dnnl::matmul::desc(src, weights, dst);
+    const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+    const auto wanted = pd.weights_desc();
+    size_t index = 0;
+    while (index < packed.size() && packed[index].first != wanted) ++index;
+    if (index == packed.size()) {
+      dnnl::memory plain({{K, N}, input_type(), tag::ba}, cpu_engine(), const_cast<char*>(weight.data()));
+      dnnl::memory reordered(wanted, cpu_engine());
+      dnnl::stream stream(cpu_engine());
+      dnnl::reorder(plain, reordered).execute(stream, plain, reordered);
+      stream.wait();
+      packed.emplace_back(wanted, reordered);
+    }
+    Entry made{dnnl::matmul(pd), pd.scratchpad_desc(), packed[index].second};
+    return primitives.emplace(key, std::move(made)).first->second;
+  }
+};
+
+DnnlMatmul::DnnlMatmul(MatmulType type, int64_t N, int64_t K, const void* weight, const float* column_scales)
+    : state_(std::make_unique<State>()) {
+  auto& s = *state_;
+  s.type = type, s.N = N, s.K = K;
+  if (type == MatmulType::int8) s.column_scales.assign(column_scales, column_scales + N);
+  const size_t bytes = static_cast<size_t>(N * K) * (type == MatmulType::int8 ? 1 : 2);
+  s.weight.resize(bytes);
+  std::memcpy(s.weight.data(), weight, bytes);
+}
+
+DnnlMatmul::~DnnlMatmul() = default;
+
+void DnnlMatmul::run(int64_t M, const void* a, void* c, const float* bias) const {
+  const auto& s = *state_;
+  const bool with_bias = bias != nullptr && s.type == MatmulType::bf16;
+  const auto entry = s.entry(M, with_bias);
+  std::vector<char> scratch(entry.scratchpad.get_size());
+  auto& engine = cpu_engine();
+  dnnl::stream stream(engine);
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory({{M, s.K}, s.input_type(), tag::ab}, engine, const_cast<void*>(a))},
+      {DNNL_ARG_WEIGHTS, entry.weights},
+      {DNNL_ARG_DST, dnnl::memory({{M, s.N}, dt::f32, tag::ab}, engine, c)},
+      {DNNL_ARG_SCRATCHPAD, dnnl::memory(entry.scratchpad, engine, scratch.data())}};
+  if (with_bias) {
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, s.N}, dt::f32, tag::ab}, engine, const_cast<float*>(bias)));
+  }
+  entry.matmul.execute(stream, args);
+  stream.wait();
+}
+
+}  // namespace vit

@@ -1,0 +1,276 @@
+// Reduced-precision inference (model/precision.h): the int8 row kernels on every instruction set, the packed
+// products against the same arithmetic written out, and whole models of the family in int8 and bf16 against float32
+// (logits cosine similarity, top-1 agreement, attention rollout), with the bounds of issue 34 and the numbers printed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "bench/bench.h"
+#include "explain/rollout.h"
+#include "model/precision.h"
+#include "model/row_kernels.h"
+#include "model/vit.h"
+#include "test_util.h"
+
+namespace vit {
+namespace {
+
+#define SKIP_UNLESS_RUNS(precision)                                                 \
+  do {                                                                              \
+    const auto refusal = precision_refusal(precision, torch::kCPU);                 \
+    if (!refusal.empty()) GTEST_SKIP() << refusal;                                  \
+  } while (0)
+
+// Every parameter moved off the init by 0.2 / sqrt(fan-in) (as the fused block's tests): each one shapes the output.
+void perturb_weights(VisionTransformer& net, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  for (auto& p : net->parameters()) {
+    const double fan_in = p.dim() >= 2 ? static_cast<double>(p.numel() / p.size(0)) : 1.0;
+    p.add_(torch::randn_like(p) * (0.2 / std::sqrt(fan_in)));
+  }
+}
+
+double cosine(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.flatten() * b.flatten()).sum().item<double>() / (a.norm().item<double>() * b.norm().item<double>());
+}
+
+// Pearson correlation of two maps.
+double correlation(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto x = a.flatten().to(torch::kDouble), y = b.flatten().to(torch::kDouble);
+  const auto dx = x - x.mean(), dy = y - y.mean();
+  return ((dx * dy).sum() / (dx.norm() * dy.norm())).item<double>();
+}
+
+TEST(Int8RowKernels, QuantizeRoundTripAndEveryInstructionSetAgrees) {
+  torch::manual_seed(0);
+  const int64_t n = 203;  // not a multiple of any vector width
+  auto x = (torch::randn({n}) * 3.0).clamp(-9.0, 9.0);
+  x[17] = -9.5f;  // the largest magnitude, negative: maps to -127
+  const auto kernels = available_row_kernels();
+  std::vector<int8_t> reference(n);
+  const float scale = kernels.back().quantize_row(x.data_ptr<float>(), n, reference.data());
+  EXPECT_FLOAT_EQ(scale, 9.5f / 127.0f);
+  EXPECT_EQ(reference[17], -127);
+  for (int64_t j = 0; j < n; ++j) {
+    const float back = static_cast<float>(reference[j]) * scale;
+    EXPECT_LE(std::fabs(back - x[j].item<float>()), 0.5f * scale + 1e-6f) << j;
+  }
+  std::vector<float> y(n), bias(n), want(n), got(n);
+  for (int64_t j = 0; j < n; ++j) y[j] = 0.37f * static_cast<float>(j) - 20.0f, bias[j] = static_cast<float>(j);
+  want = y;
+  kernels.back().scale_row(want.data(), n, 0.5f, bias.data());
+  for (int64_t j = 0; j < n; ++j) EXPECT_FLOAT_EQ(want[j], y[j] * 0.5f + bias[j]) << j;
+  for (const auto& k : kernels) {
+    std::vector<int8_t> q(n);
+    EXPECT_EQ(k.quantize_row(x.data_ptr<float>(), n, q.data()), scale) << k.isa;
+    EXPECT_EQ(q, reference) << k.isa;
+    got = y;
+    k.scale_row(got.data(), n, 0.5f, bias.data());
+    for (int64_t j = 0; j < n; ++j) EXPECT_NEAR(got[j], want[j], 1e-6f * std::fabs(want[j]) + 1e-6f) << k.isa << j;
+  }
+  std::vector<int8_t> zeros(8);
+  const float zero_row[8] = {};
+  EXPECT_EQ(kernels.front().quantize_row(zero_row, 8, zeros.data()), 1.0f);  // an all-zero row: scale 1, zeros
+}
+
+// The packed int8 product is exactly the arithmetic it promises: rows and weights quantized symmetrically, products
+// in integers, scaled back, bias added. Written out here in double from the same quantized values.
+TEST(PackedLinear, Int8IsTheQuantizedProductWrittenOut) {
+  SKIP_UNLESS_RUNS(Precision::int8);
+  torch::manual_seed(1);
+  const int64_t M = 37, K = 96, N = 50;
+  const auto weight = torch::randn({N, K}) * 0.1, bias = torch::randn({N});
+  const auto x = torch::randn({M, K});
+  PackedLinear packed(weight, bias, Precision::int8);
+  const auto y = packed.forward(x.view({1, M, K}));
+  ASSERT_EQ(y.sizes(), (std::vector<int64_t>{1, M, N}));
+
+  const auto [wq, ws] = quantize_weight_int8(weight);
+  const auto [xq, xs] = quantize_weight_int8(x);  // the same symmetric per-row quantization
+  const auto expected = torch::matmul(xq.to(torch::kDouble), wq.to(torch::kDouble).t()) * xs.to(torch::kDouble).unsqueeze(1) *
+                            ws.to(torch::kDouble).unsqueeze(0) +
+                        bias.to(torch::kDouble);
+  const double diff = test::max_abs_diff(y.view({M, N}).to(torch::kDouble), expected);
+  const double vs_float = test::max_abs_diff(y.view({M, N}), torch::addmm(bias, x, weight.t()));
+  std::printf("int8 linear (%lldx%lld by %lldx%lld): max |d| vs the quantized product written out %.2e, vs float32 %.2e\n",
+              static_cast<long long>(M), static_cast<long long>(K), static_cast<long long>(K),
+              static_cast<long long>(N), diff, vs_float);
+  EXPECT_LE(diff, 1e-4);
+  EXPECT_LT(vs_float, 0.05);  // quantization's own error: a few 1/127 steps of a unit-scale product
+  EXPECT_GT(vs_float, 0.0);   // it did run in int8
+  // The packed weight: one byte per weight, a float scale per row, the float bias.
+  EXPECT_EQ(packed.weight_bytes(), N * K + 4 * N + 4 * N);
+}
+
+TEST(PackedLinear, Bf16IsTheRoundedProduct) {
+  SKIP_UNLESS_RUNS(Precision::bf16);
+  torch::manual_seed(2);
+  const int64_t M = 19, K = 64, N = 33;
+  const auto weight = torch::randn({N, K}), x = torch::randn({M, K});
+  PackedLinear packed(weight, {}, Precision::bf16);
+  const auto expected = torch::matmul(x.to(torch::kBFloat16).to(torch::kDouble),
+                                      weight.to(torch::kBFloat16).to(torch::kDouble).t());
+  const double diff = test::max_abs_diff(packed.forward(x).to(torch::kDouble), expected);
+  std::printf("bf16 linear: max |d| vs the rounded product in double %.2e\n", diff);
+  EXPECT_LE(diff, 1e-4);  // float32 accumulation of exact bf16 x bf16 products
+}
+
+TEST(Precision, RefusesWhatCannotRunWithTheReason) {
+  EXPECT_EQ(precision_refusal(Precision::fp32, torch::kCPU), "");
+  EXPECT_NE(precision_refusal(Precision::fp16, torch::kCPU).find("on the CPU use bf16"), std::string::npos);
+  EXPECT_NE(precision_refusal(Precision::int8, torch::kCUDA).find("CPU only"), std::string::npos);
+  EXPECT_EQ(precision_refusal(Precision::bf16, torch::kCUDA), "");
+  ModelConfig config = test::tiny_vit(16, 8, 3, 4, 32, 1, 2, 2.0);
+  VisionTransformer net(config);
+  EXPECT_NE(test::error_of([&] { net->set_precision(Precision::fp16); }).find("--precision fp16"), std::string::npos);
+  EXPECT_EQ(net->precision(), Precision::fp32);
+}
+
+struct PrecisionCase {
+  const char* name;
+  void (*set)(ModelConfig&);
+};
+
+// Whole models of the family, random weights perturbed: int8 and bf16 logits against float32 (cosine >= 0.999),
+// the largest probability difference printed; gradients, where taken, stay float32 (exactly float32's logits).
+TEST(Precision, ModelsOfTheFamilyStayCloseToFloat32) {
+  SKIP_UNLESS_RUNS(Precision::int8);
+  const PrecisionCase cases[] = {
+      {"plain", [](ModelConfig&) {}},
+      {"LayerScale, no qkv bias", [](ModelConfig& c) { c.init_values = 0.1, c.qkv_bias = false; }},
+      {"qk_norm, quick_gelu", [](ModelConfig& c) { c.qk_norm = true, c.act_layer = Activation::quick_gelu; }},
+      {"registers, no class token, avg pool",
+       [](ModelConfig& c) { c.reg_tokens = 2, c.class_token = false, c.global_pool = GlobalPool::avg; }},
+      {"MAP head, gelu_tanh", [](ModelConfig& c) { c.global_pool = GlobalPool::map, c.act_layer = Activation::gelu_tanh; }},
+      {"relative position bias, pre_norm", [](ModelConfig& c) { c.rel_pos_bias = true, c.pre_norm = true; }},
+  };
+  const bool bf16 = precision_refusal(Precision::bf16, torch::kCPU).empty();
+  for (const auto& precision_case : cases) {
+    ModelConfig config = test::tiny_vit(/*img=*/32, /*patch=*/8, /*in_chans=*/3, /*num_classes=*/10,
+                                        /*embed_dim=*/96, /*depth=*/3, /*num_heads=*/3, /*mlp_ratio=*/4.0);
+    precision_case.set(config);
+    torch::manual_seed(0);
+    VisionTransformer net(config);
+    perturb_weights(net, 1);
+    net->eval();
+    torch::manual_seed(2);
+    const auto images = torch::randn({16, 3, 32, 32});
+    torch::Tensor reference;
+    {
+      torch::NoGradGuard no_grad;
+      reference = net->forward(images);
+    }
+    for (const auto precision : {Precision::int8, Precision::bf16}) {
+      if (precision == Precision::bf16 && !bf16) continue;
+      net->set_precision(precision);
+      torch::Tensor logits;
+      {
+        torch::NoGradGuard no_grad;
+        logits = net->forward(images);
+      }
+      const double cos = cosine(logits, reference);
+      const double prob = test::max_abs_diff(logits.softmax(-1), reference.softmax(-1));
+      const double agree =
+          logits.argmax(-1).eq(reference.argmax(-1)).to(torch::kDouble).mean().item<double>() * 100.0;
+      std::printf("%-46s %s: logits cosine %.6f, max prob |d| %.4f, top-1 agreement %.1f%%\n", precision_case.name,
+                  name_of(precision), cos, prob, agree);
+      EXPECT_GE(cos, 0.999) << precision_case.name << " " << name_of(precision);
+      EXPECT_GT(test::max_abs_diff(logits, reference), 0.0) << "the reduced precision path did not run";
+      // With gradients recorded the float32 weights run: float32's logits (to float32's rounding; the int8 and bf16
+      // differences above are 1e-3 and larger).
+      EXPECT_LT(test::max_abs_diff(net->forward(images), reference), 1e-5) << precision_case.name;
+      net->set_precision(Precision::fp32);
+    }
+  }
+}
+
+// Top-1 agreement with float32 over many inputs, and attention rollout maps, on a model whose classes are well
+// separated (the logits of a perturbed random model are near ties, where any rounding flips the argmax).
+TEST(Precision, Int8AgreesWithFloat32OnPredictionsAndRollout) {
+  SKIP_UNLESS_RUNS(Precision::int8);
+  ModelConfig config = test::tiny_vit(32, 8, 3, 10, 96, 3, 3, 4.0);
+  torch::manual_seed(0);
+  VisionTransformer net(config);
+  perturb_weights(net, 3);
+  {
+    torch::NoGradGuard no_grad;
+    net->head->weight.mul_(20.0);  // confident classes, as a trained head's
+  }
+  net->eval();
+  torch::manual_seed(4);
+  const auto images = torch::randn({256, 3, 32, 32});
+  torch::NoGradGuard no_grad;
+  const auto reference = net->forward(images);
+  Capture fp32_maps;
+  fp32_maps.attention = true;
+  net->forward_features(images.narrow(0, 0, 8), {}, &fp32_maps);
+  net->set_precision(Precision::int8);
+  const auto logits = net->forward(images);
+  const double agree = logits.argmax(-1).eq(reference.argmax(-1)).to(torch::kDouble).mean().item<double>() * 100.0;
+  Capture int8_maps;
+  int8_maps.attention = true;
+  net->forward_features(images.narrow(0, 0, 8), {}, &int8_maps);
+  double worst = 1.0;
+  for (int64_t i = 0; i < 8; ++i) {
+    auto of = [&](const Capture& c) {
+      std::vector<torch::Tensor> per_block;
+      for (const auto& p : c.attention_probs) per_block.push_back(p[i]);
+      return attention_rollout(per_block, "mean", 0.0, 1, 4, 4);
+    };
+    worst = std::min(worst, correlation(of(int8_maps), of(fp32_maps)));
+  }
+  std::printf("int8 vs float32: top-1 agreement %.2f%% over 256 images, rollout correlation >= %.5f over 8\n", agree,
+              worst);
+  EXPECT_GE(agree, 99.0);
+  EXPECT_GE(worst, 0.99);
+}
+
+// A packed model runs large batches a few images at a time (VisionTransformerImpl::forward_features): 200 images of
+// 65 tokens and MLP width 384 go in three chunks of 83, and each image's logits equal its own batch-of-one run's.
+TEST(Precision, ChunkedBatchesEqualImageByImage) {
+  SKIP_UNLESS_RUNS(Precision::int8);
+  ModelConfig config = test::tiny_vit(32, 4, 3, 10, 96, 2, 3, 4.0);
+  torch::manual_seed(0);
+  VisionTransformer net(config);
+  perturb_weights(net, 5);
+  net->eval();
+  net->set_precision(Precision::int8);
+  torch::NoGradGuard no_grad;
+  const auto images = torch::randn({200, 3, 32, 32});
+  const auto batched = net->forward(images);
+  std::vector<torch::Tensor> one_by_one;
+  for (int64_t i = 0; i < 200; i += 37) one_by_one.push_back(net->forward(images.narrow(0, i, 1)));
+  double diff = 0.0;
+  for (size_t k = 0; k < one_by_one.size(); ++k) {
+    diff = std::max(diff, test::max_abs_diff(batched.narrow(0, static_cast<int64_t>(k) * 37, 1), one_by_one[k]));
+  }
+  std::printf("int8, 200 images in chunks against one by one: max |d| %.2e\n", diff);
+  EXPECT_LE(diff, 1e-5);
+}
+
+// vit bench on a model as loaded, in int8: inference timed in int8, its weights counted at their packed size.
+TEST(Precision, BenchRunsALoadedModelInInt8) {
+  SKIP_UNLESS_RUNS(Precision::int8);
+  ModelConfig config = test::tiny_vit(32, 8, 3, 10, 64, 2, 2, 4.0);
+  VisionTransformer net(config);
+  BenchOptions options;
+  options.mode = "infer";
+  options.batch_size = 2;
+  options.steps = 2;
+  options.warmup = 1;
+  options.device = "cpu";
+  options.peak_seconds = 0;
+  const auto fp32 = run_bench(net, options);
+  options.precision = Precision::int8;
+  const auto int8 = run_bench(net, options);
+  std::printf("bench: weights %.3f MiB fp32, %.3f MiB int8\n", fp32.weight_mb, int8.weight_mb);
+  EXPECT_EQ(int8.precision, Precision::int8);
+  EXPECT_GT(int8.infer_img_per_s, 0.0);
+  EXPECT_LT(int8.weight_mb, 0.4 * fp32.weight_mb);  // the tiny model's norms and embeddings stay float32
+  EXPECT_EQ(net->precision(), Precision::fp32);      // bench leaves the model as it found it
+}
+
+}  // namespace
+}  // namespace vit
