@@ -21,6 +21,8 @@ namespace {
 
 struct BenchArgs {
   ConfigArgs config;
+  std::string checkpoint;  // bench this model (file, snapshot or run folder) instead of the config's fresh one
+  std::string precision = "fp32";
   std::string mode = "both";
   int64_t batch_size = 0;  // 0 = the config's train.batch_size
   int64_t steps = 20;
@@ -68,9 +70,20 @@ std::string figure(double value, const char* format = "%.2f") {
 }
 
 int run_bench_command(const BenchArgs& args) {
-  const auto config = load_config_args(args.config);
-  if (!config) throw std::invalid_argument("vit bench needs --config FILE (the model section is benched)");
-  if (args.mode == "data") return run_data_bench_command(args, *config);
+  auto config = load_config_args(args.config);
+  if (args.mode == "data") {
+    if (!config) throw std::invalid_argument("vit bench --mode data needs --config FILE (its data section is benched)");
+    return run_data_bench_command(args, *config);
+  }
+  std::optional<LoadedModel> loaded;
+  if (!args.checkpoint.empty()) {
+    loaded = load_model_args(args.checkpoint, args.config);
+    if (!config) config = Config{};  // the train section's defaults: device, threads, batch size, seed
+    config->model = loaded->net->config();
+  }
+  if (!config) {
+    throw std::invalid_argument("vit bench needs --config FILE (the model section is benched) or --checkpoint MODEL");
+  }
   BenchOptions options;
   options.mode = args.mode;
   options.batch_size = args.batch_size > 0 ? args.batch_size : config->train.batch_size;
@@ -80,13 +93,17 @@ int run_bench_command(const BenchArgs& args) {
   options.threads = args.threads >= 0 ? args.threads : static_cast<int>(config->train.threads);
   options.amp = args.amp.empty() ? config->train.amp : *enum_from_name<AmpMode>(args.amp);
   options.seed = config->train.seed;
-  const auto r = run_bench(config->model, options);
+  options.precision = *enum_from_name<Precision>(args.precision);
+  const auto r = loaded ? run_bench(loaded->net, options) : run_bench(config->model, options);
   if (args.json) {
     std::cout << to_json(r).dump() << "\n";
     return kOk;
   }
   std::printf("device          %s, %d threads, amp %s, batch %lld, %.3f GMACs/image\n", r.device.c_str(), r.threads,
               name_of(r.amp), static_cast<long long>(r.batch_size), r.gmacs);
+  if (r.weight_mb >= 0) {
+    std::printf("inference       %s, weights %s MiB\n", name_of(r.precision), figure(r.weight_mb, "%.1f").c_str());
+  }
   if (r.train_img_per_s >= 0) {
     std::printf("train           %s img/s, step p50 %s ms, p95 %s ms, %s GFLOP/s\n",
                 figure(r.train_img_per_s).c_str(), figure(r.step_ms_p50).c_str(), figure(r.step_ms_p95).c_str(),
@@ -119,6 +136,11 @@ void setup_bench(CLI::App& app, int& status) {
   auto args = std::make_shared<BenchArgs>();
   auto* command = app.add_subcommand("bench", "Time training and inference of a config's model on synthetic inputs");
   add_config_args(command, args->config);
+  command->add_option("--checkpoint", args->checkpoint,
+                      "bench this model (file, timm / Hugging Face snapshot or run folder) as it loads, instead of "
+                      "the config's model with fresh weights")
+      ->check(CLI::ExistingPath);
+  add_precision_option(command, args->precision);
   command->add_option("--mode", args->mode, "what to time: train | infer | both | data (the training input pipeline)")
       ->check(CLI::IsMember({"train", "infer", "both", "data"}))
       ->capture_default_str();

@@ -29,6 +29,7 @@ struct EvaluateOptions {
   int batch_size = 256;
   std::string device = "auto";
   int threads = 0;
+  std::string precision = "fp32";
   std::string mask_heads;  // "L:H,L:H"
   std::string img_size;    // --img-size: one size or a comma-separated list (default: the model's own)
 };
@@ -70,6 +71,7 @@ int run_evaluate(const EvaluateOptions& options) {
   request.split = options.split;
   request.batch_size = options.batch_size;
   request.device = resolve_device(options.device);
+  request.precision = *enum_from_name<Precision>(options.precision);
   request.masked_heads = options.mask_heads;
   if (!options.img_size.empty()) request.sizes = parse_img_sizes(options.img_size, /*allow_list=*/true);
   auto model = load_model_args(options.checkpoint, options.config);
@@ -109,6 +111,7 @@ void setup_evaluate(CLI::App& app, int& status) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_device_args(command, options->device, options->threads);
+  add_precision_option(command, options->precision);
   command->add_option("--mask-heads", options->mask_heads, "switch off heads, e.g. 3:1,5:0 (LAYER:HEAD)");
   add_img_size_option(command, options->img_size, /*allow_list=*/true);
   command->callback([options, &status] { status = run_evaluate(*options); });

@@ -17,6 +17,7 @@ struct InfoOptions {
   bool json = false;
   bool presets = false;
   std::string img_size;  // --img-size: tokens and MACs at this input size
+  std::string precision = "fp32";  // --precision: the memory the weights take in it
 };
 
 int run_info(const InfoOptions& options) {
@@ -28,12 +29,19 @@ int run_info(const InfoOptions& options) {
   Preprocess preprocess;
   std::vector<std::string> classes;
   int64_t params = 0;
+  int64_t fp32_bytes = 0, weight_bytes = 0;  // what the weights take in float32 and in --precision
+  const auto precision = *enum_from_name<Precision>(options.precision);
   std::string source;
   std::vector<std::pair<std::string, std::string>> sources;
   if (!options.checkpoint.empty()) {
     auto loaded = load_model_args(options.checkpoint, options.config);
     model = loaded.model, preprocess = loaded.preprocess, classes = loaded.class_names;
     params = count_parameters(*loaded.net);
+    fp32_bytes = weight_bytes = loaded.net->weight_bytes();
+    if (precision != Precision::fp32) {
+      loaded.net->set_precision(precision);  // packed as inference would pack them (CPU; CUDA autocast keeps float32)
+      weight_bytes = loaded.net->weight_bytes();
+    }
     source = loaded.path;
     sources = loaded.sources;
   } else {
@@ -41,8 +49,13 @@ int run_info(const InfoOptions& options) {
     if (!config) throw std::invalid_argument("vit info needs --checkpoint FILE or --config FILE");
     model = config->model, preprocess = config->data.preprocess;
     torch::NoGradGuard no_grad;
-    VisionTransformer net(model);  // built only to count parameters exactly
+    VisionTransformer net(model);  // built only to count parameters and weight bytes exactly
     params = count_parameters(*net);
+    fp32_bytes = weight_bytes = net->weight_bytes();
+    if (precision != Precision::fp32) {
+      net->set_precision(precision);
+      weight_bytes = net->weight_bytes();
+    }
     source = options.config.config;
   }
   // Costs at the model's own size or at --img-size (parameters stay those of the model as built).
@@ -59,7 +72,9 @@ int run_info(const InfoOptions& options) {
     for (const auto& c : costs) layers.push_back({{"name", c.name}, {"output", c.output}, {"params", c.params}, {"macs", c.macs}});
     nlohmann::json out{{"source", source},           {"model", to_json(model)},  {"preprocess", to_json(preprocess)},
                        {"parameters", params},       {"gmacs", gmacs},           {"layers", layers},
-                       {"input_size", {size[0], size[1]}}, {"tokens", tokens}};
+                       {"input_size", {size[0], size[1]}}, {"tokens", tokens},
+                       {"precision", options.precision}, {"weight_bytes", weight_bytes},
+                       {"weight_bytes_fp32", fp32_bytes}};
     if (!classes.empty()) out["class_names"] = classes;
     for (const auto& [part, from] : sources) out["sources"][part] = from;
     std::cout << out.dump(2) << "\n";
@@ -75,8 +90,17 @@ int run_info(const InfoOptions& options) {
     if (classes.size() > 10) std::cout << " ...";
     std::cout << "\n";
   }
-  std::printf("parameters  %lld\nforward     %.3f GMACs per image (%lldx%lld input, %lld tokens)\n\n",
-              static_cast<long long>(params), gmacs, static_cast<long long>(size[0]), static_cast<long long>(size[1]),
+  std::printf("parameters  %lld\n", static_cast<long long>(params));
+  const double mib = 1024.0 * 1024.0;
+  if (precision == Precision::fp32) {
+    std::printf("weights     %.1f MiB float32\n", static_cast<double>(fp32_bytes) / mib);
+  } else {
+    std::printf("weights     %.1f MiB in %s (%.2fx of float32's %.1f MiB)\n", static_cast<double>(weight_bytes) / mib,
+                options.precision.c_str(), static_cast<double>(weight_bytes) / static_cast<double>(fp32_bytes),
+                static_cast<double>(fp32_bytes) / mib);
+  }
+  std::printf("forward     %.3f GMACs per image (%lldx%lld input, %lld tokens)\n\n",
+              gmacs, static_cast<long long>(size[0]), static_cast<long long>(size[1]),
               static_cast<long long>(tokens));
   std::printf("%-26s %-12s %12s %14s\n", "layer", "output", "params", "MMACs");
   for (const auto& c : costs) {
@@ -97,6 +121,7 @@ void setup_info(CLI::App& app, int& status) {
   command->add_flag("--json", options->json, "print one JSON object");
   command->add_option("--img-size", options->img_size,
                       "show tokens, output shapes and GMACs at this input size: N or HxW (default: the model's own)");
+  add_precision_option(command, options->precision);
   command->add_flag("--presets", options->presets,
                     "list the model presets (timm's architecture names that vit builds) and exit");
   command->callback([options, &status] { status = run_info(*options); });

@@ -1,6 +1,7 @@
 // Wiring shared by the subcommands.
 #include "common.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <sstream>
 
@@ -143,12 +144,36 @@ void add_device_args(CLI::App* command, std::string& device, int& threads) {
       ->capture_default_str();
 }
 
+void add_precision_option(CLI::App* command, std::string& precision) {
+  command
+      ->add_option("--precision", precision,
+                   "inference arithmetic: fp32 | int8 (CPU: int8 linear layers) | bf16 (CPU with AVX512_BF16 or AMX, "
+                   "or CUDA) | fp16 (CUDA)")
+      ->check(enum_choice<Precision>())
+      ->capture_default_str();
+}
+
+void apply_precision(LoadedModel& model, const std::string& precision) {
+  const auto chosen = *enum_from_name<Precision>(precision);
+  if (chosen == Precision::fp32 && model.net->precision() == Precision::fp32) return;
+  const double before = static_cast<double>(model.net->weight_bytes()) / (1024.0 * 1024.0);
+  model.net->set_precision(chosen);
+  if (chosen == Precision::fp32) return;
+  const double after = static_cast<double>(model.net->weight_bytes()) / (1024.0 * 1024.0);
+  const std::string how = model.net->pos_embed.device().is_cpu() ? cpu_precision_features() : "CUDA autocast";
+  char line[256];
+  std::snprintf(line, sizeof line, "precision %s (%s): weights %.1f MiB -> %.1f MiB", precision.c_str(), how.c_str(),
+                before, after);
+  log::info(line);
+}
+
 void add_image_model_args(CLI::App* command, ImageModelArgs& args) {
   command->add_option("--checkpoint", args.checkpoint, kCheckpointHelp)->check(CLI::ExistingPath);
   add_config_args(command, args.config);
   add_img_size_option(command, args.img_size);
   add_image_limit_args(command, args.limits);
   add_device_args(command, args.device, args.threads);
+  add_precision_option(command, args.precision);
   command->add_option("inputs", args.inputs, "image files or directories")->required();
 }
 
@@ -162,6 +187,7 @@ LoadedModel load_image_model(const ImageModelArgs& args) {
 std::vector<std::string> start_image_run(LoadedModel& model, const ImageModelArgs& args) {
   model.net->to(resolve_device(args.device));
   model.net->eval();
+  apply_precision(model, args.precision);
   return expand_image_inputs(args.inputs);
 }
 

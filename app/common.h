@@ -54,6 +54,11 @@ CLI::Validator enum_choice() {
 }
 
 void add_device_args(CLI::App* command, std::string& device, int& threads);
+// --precision fp32 | int8 | bf16 | fp16 (model/precision.h): inference's arithmetic.
+void add_precision_option(CLI::App* command, std::string& precision);
+// Runs the model in --precision on the device it is on now (model/precision.h's refusal thrown where it cannot),
+// logging the instructions used and what the weights take.
+void apply_precision(LoadedModel& model, const std::string& precision);
 // --max-file-mb and --max-pixels: the limits checked on every input image before it is decoded (predict, embed,
 // export-attention).
 void add_image_limit_args(CLI::App* command, ImageLimits& limits);
@@ -69,13 +74,15 @@ struct ImageModelArgs {
   ImageLimits limits;    // --max-file-mb, --max-pixels
   std::string device = "auto";
   int threads = 0;
+  std::string precision = "fp32";  // --precision
   std::vector<std::string> inputs;
 };
-// --checkpoint, --config / --set, --img-size, --max-file-mb, --max-pixels, --device, --threads and the inputs.
+// --checkpoint, --config / --set, --img-size, --max-file-mb, --max-pixels, --device, --threads, --precision and the
+// inputs.
 void add_image_model_args(CLI::App* command, ImageModelArgs& args);
 // Threads set, the model loaded (--checkpoint, --config) and run at --img-size: ready for a command's own checks.
 LoadedModel load_image_model(const ImageModelArgs& args);
-// The model moved to --device, in eval mode; returns the image files to run (folders searched).
+// The model moved to --device, in eval mode, in --precision; returns the image files to run (folders searched).
 std::vector<std::string> start_image_run(LoadedModel& model, const ImageModelArgs& args);
 // For a command that reads images in a build without OpenCV.
 [[noreturn]] void needs_opencv(const std::string& command);

@@ -12,7 +12,10 @@
 # bilinear) + flip + float + normalise, on generated photo-like JPEGs of 500x375 and 2,000x1,500, as loose files and
 # as tar shards (scripts/make_bench_images.py makes them once into $VIT_BENCH_DATA, default build/bench-data).
 #
-#   scripts/bench.sh [--vit PATH] [--threads N] [--repeats R] [--quick] [--only model|data]
+#   scripts/bench.sh [--vit PATH] [--threads N] [--repeats R] [--quick] [--only model|data|precision]
+#
+# --only precision: `vit bench --precision` int8 and bf16 against float32 and against onnxruntime's quantize_dynamic
+# of our ONNX export (ViT-S/16, ViT-B/16; batch-1 latency and batch-32 img/s); also part of a full run.
 #
 # --repeats R: runs per side and case (default 3; medians). --quick: one or two steps of two cases, a smoke test of
 # the script, not a measurement. Needs a built `vit` (default: build/vit); PyTorch 2.x and onnxruntime in the
@@ -131,8 +134,68 @@ save_timm_file(sys.argv[2], sys.argv[3])' "$root/scripts" "$work/$config.safeten
   rm "$work/$config.safetensors"
 }
 
+# ---- reduced precision: vit's int8 and bf16 against its float32 and onnxruntime's dynamic int8 ----
+# onnxruntime's side is its own quantize_dynamic (int8 weights per channel, uint8 activations per tensor) of our
+# float32 export, the int8 a user of onnxruntime would reach for. Batch 1: latency p50; batch 32: img/s.
+bench_precision() {
+  local results=$work/precision.jsonl models=(vit_small vit_base) steps=15 batch_steps=3
+  [ $quick = 1 ] && models=(vit_tiny) steps=3 batch_steps=1
+  for config in "${models[@]}"; do
+    [ -f "$work/$config.onnx" ] || export_onnx "$config"
+    "$venv_python" -c 'import sys
+from onnxruntime.quantization import QuantType, quantize_dynamic
+quantize_dynamic(sys.argv[1], sys.argv[2], weight_type=QuantType.QInt8, per_channel=True)' \
+      "$work/$config.onnx" "$work/$config.int8.onnx" 2>/dev/null
+    for ((r = 1; r <= repeats; r++)); do
+      for side in fp32 int8 bf16 onnxruntime onnxruntime-int8; do
+        echo "[$config precision] $side run $r/$repeats" >&2
+        case $side in
+          onnxruntime) out=$("$venv_python" "$root/scripts/bench_onnxruntime.py" --model "$work/$config.onnx" \
+                             --steps $steps --threads "$threads" --json) ;;
+          onnxruntime-int8) out=$("$venv_python" "$root/scripts/bench_onnxruntime.py" --model "$work/$config.int8.onnx" \
+                                  --steps $steps --threads "$threads" --json) ;;
+          *) out=$("$vit" bench --device cpu --config "$work/$config.json" --mode infer --precision $side \
+                   --batch-size 1 --steps $steps --warmup 2 --threads "$threads" --json 2>/dev/null)
+             # batch 32 in fewer steps (its batch-1 part unused)
+             out32=$("$vit" bench --device cpu --config "$work/$config.json" --mode infer --precision $side \
+                     --batch-size 32 --steps $batch_steps --warmup 1 --threads "$threads" --json 2>/dev/null)
+             echo "{\"model\": \"$config\", \"side\": \"$side b32\", \"result\": $out32}" >> "$results" ;;
+        esac
+        echo "{\"model\": \"$config\", \"side\": \"$side\", \"result\": $out}" >> "$results"
+      done
+    done
+  done
+  "$venv_python" - "$results" "$threads" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+print(f"\nReduced precision, {sys.argv[2]} threads, medians of alternating runs (batch-1 latency p50 in ms; "
+      "batch-32 img/s)\n")
+print("| model | fp32 ms | int8 ms | bf16 ms | onnxruntime fp32 ms | onnxruntime int8 ms | int8 / fp32 | "
+      "int8 / onnxruntime int8 | bf16 / fp32 | b32 img/s fp32, int8, bf16 | int8 / fp32 img/s | weights MiB fp32, int8, bf16 |")
+print("|---" * 12 + "|")
+goals = []
+for model in dict.fromkeys(r["model"] for r in rows):
+    med = lambda side, key: statistics.median(r["result"][key] for r in rows if (r["model"], r["side"]) == (model, side))
+    lat = {s: med(s, "latency_ms_p50") for s in ("fp32", "int8", "bf16", "onnxruntime", "onnxruntime-int8")}
+    ips = {s: med(s + " b32", "infer_img_per_s") for s in ("fp32", "int8", "bf16")}
+    mib = {s: med(s, "weight_mb") for s in ("fp32", "int8", "bf16")}
+    r1, r2, r3 = lat["int8"] / lat["fp32"], lat["int8"] / lat["onnxruntime-int8"], ips["int8"] / ips["fp32"]
+    print(f"| {model} | {lat['fp32']:.1f} | {lat['int8']:.1f} | {lat['bf16']:.1f} | {lat['onnxruntime']:.1f} | "
+          f"{lat['onnxruntime-int8']:.1f} | {r1:.2f}x | {r2:.2f}x | {lat['bf16'] / lat['fp32']:.2f}x | "
+          f"{ips['fp32']:.1f}, {ips['int8']:.1f}, {ips['bf16']:.1f} | {r3:.2f}x | "
+          f"{mib['fp32']:.0f}, {mib['int8']:.0f}, {mib['bf16']:.0f} |")
+    goals += [f"{model}: int8 / fp32 batch-1 latency <= 0.5x: {r1:.2f}x, " + ("met" if r1 <= 0.5 else "NOT met"),
+              f"{model}: int8 / onnxruntime int8 latency <= 0.9x: {r2:.2f}x, " + ("met" if r2 <= 0.9 else "NOT met"),
+              f"{model}: int8 / fp32 batch-32 img/s >= 1.8x: {r3:.2f}x, " + ("met" if r3 >= 1.8 else "NOT met")]
+print("\nGoals:")
+for goal in goals:
+    print(f"  {goal}")
+PY
+}
+
 # name | config | mode | batch | steps | warmup | goals: side>=ratio or side<=ratio (vit/side; img/s up, latency down).
 # mode: train (img/s), infer (batch-1 latency; onnxruntime too), throughput (inference img/s at the batch size).
+if [ "$only" = precision ]; then bench_precision; exit 0; fi
 cases=()
 if [ -f "$root/configs/fashion_mnist.json" ]; then  # the shipped default
   cp "$root/configs/fashion_mnist.json" "$work/default.json"
@@ -236,3 +299,4 @@ else
   "$venv_python" "$root/scripts/bench_predict.py" --vit "$vit" --threads "$threads" --repeats "$repeats"
 fi
 [ "$only" = model ] || bench_data
+[ "$only" = model ] || bench_precision

@@ -44,6 +44,7 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
   loader_options.skip_bad_images = config->data.on_bad_image == BadImagePolicy::skip;
   loader_options.pin_memory = request.device.is_cuda();
   model.net->to(request.device);
+  model.net->set_precision(request.precision);
 
   EvaluateRun run;
   const bool several = sizes.size() > 1;
@@ -69,6 +70,7 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
     report["checkpoint"] = model.path;
     report["split"] = request.split;
     report["img_size"] = {size[0], size[1]};
+    report["precision"] = name_of(request.precision);
     if (!request.masked_heads.empty()) report["masked_heads"] = request.masked_heads;
     if (several) {
       char line[128];

@@ -24,6 +24,7 @@ struct EvaluateRequest {
   std::vector<std::array<int64_t, 2>> sizes;   // input sizes to score at; empty: the model's own
   int64_t batch_size = 256;
   torch::Device device = torch::kCPU;
+  Precision precision = Precision::fp32;  // model/precision.h
   std::string masked_heads;  // --mask-heads as given, for the report (the mask is set on the model by the caller)
 };
 
