@@ -22,7 +22,7 @@ namespace {
 struct BenchArgs {
   ConfigArgs config;
   std::string checkpoint;  // bench this model (file, snapshot or run folder) instead of the config's fresh one
-  std::string precision = "fp32";
+  std::string precision;    // "" = the loaded model's own, else fp32
   std::string mode = "both";
   int64_t batch_size = 0;  // 0 = the config's train.batch_size
   int64_t steps = 20;
@@ -93,7 +93,8 @@ int run_bench_command(const BenchArgs& args) {
   options.threads = args.threads >= 0 ? args.threads : static_cast<int>(config->train.threads);
   options.amp = args.amp.empty() ? config->train.amp : *enum_from_name<AmpMode>(args.amp);
   options.seed = config->train.seed;
-  options.precision = *enum_from_name<Precision>(args.precision);
+  options.precision = loaded ? chosen_precision(*loaded, args.precision)
+                             : args.precision.empty() ? Precision::fp32 : *enum_from_name<Precision>(args.precision);
   const auto r = loaded ? run_bench(loaded->net, options) : run_bench(config->model, options);
   if (args.json) {
     std::cout << to_json(r).dump() << "\n";

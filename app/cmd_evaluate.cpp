@@ -29,7 +29,7 @@ struct EvaluateOptions {
   int batch_size = 256;
   std::string device = "auto";
   int threads = 0;
-  std::string precision = "fp32";
+  std::string precision;   // "" = the model file's own
   std::string mask_heads;  // "L:H,L:H"
   std::string img_size;    // --img-size: one size or a comma-separated list (default: the model's own)
 };
@@ -71,10 +71,10 @@ int run_evaluate(const EvaluateOptions& options) {
   request.split = options.split;
   request.batch_size = options.batch_size;
   request.device = resolve_device(options.device);
-  request.precision = *enum_from_name<Precision>(options.precision);
   request.masked_heads = options.mask_heads;
   if (!options.img_size.empty()) request.sizes = parse_img_sizes(options.img_size, /*allow_list=*/true);
   auto model = load_model_args(options.checkpoint, options.config);
+  request.precision = chosen_precision(model, options.precision);
   for (const auto& [layer, heads] : parse_head_mask(options.mask_heads)) model.net->set_head_mask(layer, heads);
   std::shared_ptr<const ImageCodec> codec;
   ConfusionPlot plot;

@@ -13,6 +13,7 @@ struct ExportOptions {
   std::string format;
   std::string img_size;  // --img-size: the exported model's own input size (default: the model's)
   std::string max_shard_size;  // --max-shard-size: "" for one weights file
+  std::string precision;       // --precision: "" = the model's own for --format vit (int8 stays int8), else fp32
   ExportRequest request;
 };
 
@@ -21,6 +22,12 @@ int run_export(const ExportOptions& options) {
   request.format = *enum_from_name<ExportFormat>(options.format);  // the option's check admits only the names
   if (!options.max_shard_size.empty()) request.max_shard_bytes = parse_shard_size(options.max_shard_size);
   auto model = load_model_args(options.checkpoint, options.config, options.img_size);
+  request.precision = !options.precision.empty()               ? *enum_from_name<Precision>(options.precision)
+                      : request.format == ExportFormat::vit ? model.precision
+                                                            : Precision::fp32;
+  if (model.precision == Precision::int8 && request.precision == Precision::fp32) {
+    log::info(model.path + " holds int8 weights: written dequantized, in float32");
+  }
   const auto written = export_model(model, request);
   std::string files;
   for (const auto& file : written) files += (files.empty() ? "" : " and ") + file;
@@ -41,6 +48,10 @@ void setup_export(CLI::App& app, int& status) {
   command->add_option("--img-size", options->img_size,
                       "write the model at this input size: N or HxW, each side a multiple of the patch (default: its "
                       "own); the position embedding is resampled once, as timm's checkpoint filter does");
+  command->add_option("--precision", options->precision,
+                      "vit: fp32 or int8 (the linear layers and the patch embedding in int8 with a float32 scale per "
+                      "output row: ~0.26x the size; default: the model's own)")
+      ->check(CLI::IsMember({"fp32", "int8"}));
   command->add_option("--max-shard-size", options->max_shard_size,
                       "timm, hf: weights larger than this are written as shards with model.safetensors.index.json, "
                       "as transformers' save_pretrained writes them (e.g. 5GB, 500MiB; default: one file)");

@@ -1,11 +1,13 @@
 // `vit info`: the resolved config, parameter count, forward GMACs per image and a per-layer table.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "common.h"
+#include "io/snapshot.h"
 #include "model/flops.h"
 
 namespace vit::app {
@@ -17,7 +19,7 @@ struct InfoOptions {
   bool json = false;
   bool presets = false;
   std::string img_size;  // --img-size: tokens and MACs at this input size
-  std::string precision = "fp32";  // --precision: the memory the weights take in it
+  std::string precision;  // --precision: the memory the weights take in it ("" = the model file's own)
 };
 
 int run_info(const InfoOptions& options) {
@@ -30,7 +32,8 @@ int run_info(const InfoOptions& options) {
   std::vector<std::string> classes;
   int64_t params = 0;
   int64_t fp32_bytes = 0, weight_bytes = 0;  // what the weights take in float32 and in --precision
-  const auto precision = *enum_from_name<Precision>(options.precision);
+  int64_t file_bytes = -1;                   // the model file's size (not for a snapshot folder)
+  auto precision = options.precision.empty() ? Precision::fp32 : *enum_from_name<Precision>(options.precision);
   std::string source;
   std::vector<std::pair<std::string, std::string>> sources;
   if (!options.checkpoint.empty()) {
@@ -38,6 +41,9 @@ int run_info(const InfoOptions& options) {
     model = loaded.model, preprocess = loaded.preprocess, classes = loaded.class_names;
     params = count_parameters(*loaded.net);
     fp32_bytes = weight_bytes = loaded.net->weight_bytes();
+    precision = chosen_precision(loaded, options.precision);
+    if (options.precision.empty() && !precision_refusal(precision, torch::kCPU).empty()) precision = Precision::fp32;
+    if (!is_snapshot_dir(loaded.path)) file_bytes = static_cast<int64_t>(std::filesystem::file_size(loaded.path));
     if (precision != Precision::fp32) {
       loaded.net->set_precision(precision);  // packed as inference would pack them (CPU; CUDA autocast keeps float32)
       weight_bytes = loaded.net->weight_bytes();
@@ -73,8 +79,9 @@ int run_info(const InfoOptions& options) {
     nlohmann::json out{{"source", source},           {"model", to_json(model)},  {"preprocess", to_json(preprocess)},
                        {"parameters", params},       {"gmacs", gmacs},           {"layers", layers},
                        {"input_size", {size[0], size[1]}}, {"tokens", tokens},
-                       {"precision", options.precision}, {"weight_bytes", weight_bytes},
+                       {"precision", name_of(precision)}, {"weight_bytes", weight_bytes},
                        {"weight_bytes_fp32", fp32_bytes}};
+    if (file_bytes >= 0) out["file_bytes"] = file_bytes;
     if (!classes.empty()) out["class_names"] = classes;
     for (const auto& [part, from] : sources) out["sources"][part] = from;
     std::cout << out.dump(2) << "\n";
@@ -96,8 +103,12 @@ int run_info(const InfoOptions& options) {
     std::printf("weights     %.1f MiB float32\n", static_cast<double>(fp32_bytes) / mib);
   } else {
     std::printf("weights     %.1f MiB in %s (%.2fx of float32's %.1f MiB)\n", static_cast<double>(weight_bytes) / mib,
-                options.precision.c_str(), static_cast<double>(weight_bytes) / static_cast<double>(fp32_bytes),
+                name_of(precision), static_cast<double>(weight_bytes) / static_cast<double>(fp32_bytes),
                 static_cast<double>(fp32_bytes) / mib);
+  }
+  if (file_bytes >= 0) {
+    std::printf("file        %.1f MiB (%.2fx of the float32 weights)\n", static_cast<double>(file_bytes) / mib,
+                static_cast<double>(file_bytes) / static_cast<double>(fp32_bytes));
   }
   std::printf("forward     %.3f GMACs per image (%lldx%lld input, %lld tokens)\n\n",
               gmacs, static_cast<long long>(size[0]), static_cast<long long>(size[1]),

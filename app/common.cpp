@@ -148,21 +148,31 @@ void add_precision_option(CLI::App* command, std::string& precision) {
   command
       ->add_option("--precision", precision,
                    "inference arithmetic: fp32 | int8 (CPU: int8 linear layers) | bf16 (CPU with AVX512_BF16 or AMX, "
-                   "or CUDA) | fp16 (CUDA)")
-      ->check(enum_choice<Precision>())
-      ->capture_default_str();
+                   "or CUDA) | fp16 (CUDA) (default: the model file's own, fp32 unless exported in int8)")
+      ->check(enum_choice<Precision>());
+}
+
+Precision chosen_precision(const LoadedModel& model, const std::string& precision) {
+  return precision.empty() ? model.precision : *enum_from_name<Precision>(precision);
 }
 
 void apply_precision(LoadedModel& model, const std::string& precision) {
-  const auto chosen = *enum_from_name<Precision>(precision);
+  const auto chosen = chosen_precision(model, precision);
   if (chosen == Precision::fp32 && model.net->precision() == Precision::fp32) return;
+  if (precision.empty()) {  // the file's own: where it cannot run, its weights run dequantized in float32
+    const auto refusal = precision_refusal(chosen, model.net->pos_embed.device().type());
+    if (!refusal.empty()) {
+      log::warn(model.path + " holds " + name_of(chosen) + " weights, run in float32 here: " + refusal);
+      return;
+    }
+  }
   const double before = static_cast<double>(model.net->weight_bytes()) / (1024.0 * 1024.0);
   model.net->set_precision(chosen);
   if (chosen == Precision::fp32) return;
   const double after = static_cast<double>(model.net->weight_bytes()) / (1024.0 * 1024.0);
   const std::string how = model.net->pos_embed.device().is_cpu() ? cpu_precision_features() : "CUDA autocast";
   char line[256];
-  std::snprintf(line, sizeof line, "precision %s (%s): weights %.1f MiB -> %.1f MiB", precision.c_str(), how.c_str(),
+  std::snprintf(line, sizeof line, "precision %s (%s): weights %.1f MiB -> %.1f MiB", name_of(chosen), how.c_str(),
                 before, after);
   log::info(line);
 }

@@ -54,10 +54,13 @@ CLI::Validator enum_choice() {
 }
 
 void add_device_args(CLI::App* command, std::string& device, int& threads);
-// --precision fp32 | int8 | bf16 | fp16 (model/precision.h): inference's arithmetic.
+// --precision fp32 | int8 | bf16 | fp16 (model/precision.h): inference's arithmetic; "" (not given) = the model
+// file's own (LoadedModel::precision).
 void add_precision_option(CLI::App* command, std::string& precision);
-// Runs the model in --precision on the device it is on now (model/precision.h's refusal thrown where it cannot),
-// logging the instructions used and what the weights take.
+Precision chosen_precision(const LoadedModel& model, const std::string& precision);
+// Runs the model in --precision on the device it is on now (model/precision.h's refusal thrown where it cannot; a
+// file's own precision that cannot run here runs in float32, with a warning), logging the instructions used and what
+// the weights take.
 void apply_precision(LoadedModel& model, const std::string& precision);
 // --max-file-mb and --max-pixels: the limits checked on every input image before it is decoded (predict, embed,
 // export-attention).
@@ -74,7 +77,7 @@ struct ImageModelArgs {
   ImageLimits limits;    // --max-file-mb, --max-pixels
   std::string device = "auto";
   int threads = 0;
-  std::string precision = "fp32";  // --precision
+  std::string precision;  // --precision ("" = the model file's own)
   std::vector<std::string> inputs;
 };
 // --checkpoint, --config / --set, --img-size, --max-file-mb, --max-pixels, --device, --threads, --precision and the

@@ -68,6 +68,44 @@ TEST(CliParity, PredictJsonMatchesTimmLogitsAndTop5) {
   }
 }
 
+// --precision end to end: an int8 model file from `vit export`, `vit info` on it (its precision and sizes), `vit predict`
+// on it in int8 by default (the same top-1 and logits close to float32's), and fp16 refused on the CPU in one line.
+TEST(CliPrecision, Int8ExportInfoAndPredict) {
+  test::TempDir dir;
+  const std::string images = " '" + data_path("tiny32/synthetic.png") + "' '" + data_path("tiny32/chelsea.png") + "'";
+  const std::string int8_file = dir.file("int8.safetensors");
+  const auto exported = test::run_vit("export --format vit --precision int8 --checkpoint " + kWeights + " --config " +
+                                      kConfig + " --out '" + int8_file + "'");
+  ASSERT_EQ(exported.status, 0) << exported.errors;
+  const auto info = test::run_vit("info --json --checkpoint '" + int8_file + "'");
+  ASSERT_EQ(info.status, 0) << info.errors;
+  const json described = json::parse(info.output);
+  const bool runs_int8 = described["precision"] == "int8";  // a build without oneDNN reports float32
+  if (runs_int8) EXPECT_LT(described["weight_bytes"].get<double>(), 0.5 * described["weight_bytes_fp32"].get<double>());
+  EXPECT_LT(described["file_bytes"].get<double>(), fs::file_size(data_path("tiny32/weights.safetensors")) * 0.5);
+
+  const auto fp32 = test::run_vit("predict --json --topk 1 --checkpoint " + kWeights + " --config " + kConfig + images);
+  const auto int8 = test::run_vit("predict --json --topk 1 --checkpoint '" + int8_file + "'" + images);
+  ASSERT_EQ(fp32.status, 0) << fp32.errors;
+  ASSERT_EQ(int8.status, 0) << int8.errors;
+  if (runs_int8) EXPECT_NE(int8.errors.find("precision int8"), std::string::npos) << int8.errors;
+  const json a = json::parse(fp32.output), b = json::parse(int8.output);
+  ASSERT_EQ(a.size(), 2u);
+  double worst = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(a[i]["topk"][0]["index"], b[i]["topk"][0]["index"]);
+    for (size_t k = 0; k < a[i]["logits"].size(); ++k) {
+      worst = std::max(worst, std::abs(a[i]["logits"][k].get<double>() - b[i]["logits"][k].get<double>()));
+    }
+  }
+  std::printf("vit predict, int8 file vs float32: logits max |d| %.4f\n", worst);
+  EXPECT_LT(worst, 0.1);
+
+  const auto refused = test::run_vit("predict --precision fp16 --device cpu --checkpoint '" + int8_file + "'" + images);
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.errors.find("--precision fp16 is for CUDA"), std::string::npos) << refused.errors;
+}
+
 TEST(CliInfo, PresetParameterCountsAndGmacs) {
   test::TempDir dir;
   std::ofstream(dir.file("b.json")) << R"({"model": {"preset": "vit_base_patch16_224"}})";

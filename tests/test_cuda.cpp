@@ -72,6 +72,36 @@ TEST(Cuda, ForwardAndBackwardMatchCpu) {
   std::printf("CUDA vs CPU gradients: max relative diff %.3g\n", worst);
 }
 
+// --precision fp16 and bf16 on CUDA: forward under autocast, float32 logits out, close to float32's (cosine >= 0.999),
+// and the same model back in fp32 gives float32's logits again.
+TEST(Cuda, Fp16AndBf16InferenceStayCloseToFloat32) {
+  SKIP_WITHOUT_CUDA();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  torch::manual_seed(0);
+  VisionTransformer net(small_model());
+  const torch::Device cuda(torch::kCUDA, 0);
+  net->to(cuda);
+  net->eval();
+  torch::NoGradGuard no_grad;
+  const auto images = torch::randn({8, 3, 32, 32}).to(cuda);
+  const auto reference = net->forward(images).cpu();
+  for (const auto precision : {Precision::fp16, Precision::bf16}) {
+    net->set_precision(precision);
+    const auto logits = net->forward(images);
+    ASSERT_EQ(logits.scalar_type(), torch::kFloat);
+    const auto cpu = logits.cpu();
+    const double cosine =
+        (cpu.flatten() * reference.flatten()).sum().item<double>() / (cpu.norm() * reference.norm()).item<double>();
+    std::printf("CUDA %s vs fp32: logits cosine %.6f, max |d| %.3g\n", name_of(precision), cosine,
+                test::max_abs_diff(cpu, reference));
+    EXPECT_GE(cosine, 0.999) << name_of(precision);
+    EXPECT_GT(test::max_abs_diff(cpu, reference), 0.0) << "autocast did not run";
+  }
+  net->set_precision(Precision::fp32);
+  EXPECT_EQ(test::max_abs_diff(net->forward(images).cpu(), reference), 0.0);
+  EXPECT_NE(test::error_of([&] { net->set_precision(Precision::int8); }).find("CPU only"), std::string::npos);
+}
+
 TEST(Cuda, Bf16TrainingStepIsFiniteAndLowersTheLoss) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(0);

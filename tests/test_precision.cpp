@@ -8,6 +8,8 @@
 
 #include "bench/bench.h"
 #include "explain/rollout.h"
+#include "io/model_file.h"
+#include "io/safetensors.h"
 #include "model/precision.h"
 #include "model/row_kernels.h"
 #include "model/vit.h"
@@ -248,6 +250,61 @@ TEST(Precision, ChunkedBatchesEqualImageByImage) {
   }
   std::printf("int8, 200 images in chunks against one by one: max |d| %.2e\n", diff);
   EXPECT_LE(diff, 1e-5);
+}
+
+// An int8 model file (vit export --format vit --precision int8): at most 0.3x the float32 file, loads with its
+// precision, runs exactly as the float32 model quantized at load does, and fine-tunes from its dequantized weights.
+TEST(Precision, Int8ModelFileIsSmallAndRunsAsQuantizedAtLoad) {
+  test::TempDir dir;
+  ModelConfig config = test::tiny_vit(32, 8, 3, 10, 128, 2, 4, 4.0);
+  torch::manual_seed(0);
+  VisionTransformer net(config);
+  perturb_weights(net, 6);
+  net->eval();
+  const Preprocess preprocess;
+  const std::vector<std::string> classes{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"};
+  const auto fp32_path = dir.path() + "/fp32.safetensors", int8_path = dir.path() + "/int8.safetensors";
+  save_model(fp32_path, net, preprocess, classes);
+  save_model(int8_path, net, preprocess, classes, {}, Precision::int8);
+  const double ratio = static_cast<double>(std::filesystem::file_size(int8_path)) /
+                       static_cast<double>(std::filesystem::file_size(fp32_path));
+  std::printf("int8 model file: %.3fx the float32 file\n", ratio);
+  EXPECT_LE(ratio, 0.3);
+  const auto archive = safetensors::read(int8_path);
+  EXPECT_EQ(archive.metadata.at("format_version"), "2");
+  EXPECT_EQ(archive.find("blocks.0.mlp.fc1.weight")->dtype, safetensors::DType::I8);
+  EXPECT_EQ(archive.find("blocks.0.mlp.fc1.weight_scale")->dtype, safetensors::DType::F32);
+  EXPECT_EQ(archive.find("patch_embed.proj.weight")->dtype, safetensors::DType::I8);
+  EXPECT_EQ(archive.find("blocks.0.norm1.weight")->dtype, safetensors::DType::F32);
+
+  auto loaded = load_model(int8_path);
+  EXPECT_EQ(loaded.precision, Precision::int8);
+  EXPECT_EQ(loaded.class_names, classes);
+  torch::NoGradGuard no_grad;
+  const auto images = torch::randn({4, 3, 32, 32});
+  const auto fp32 = net->forward(images);
+  const auto dequantized = loaded.net->forward(images);  // float32 arithmetic on the int8 file's weights
+  EXPECT_GE(cosine(dequantized, fp32), 0.999);
+  if (precision_refusal(Precision::int8, torch::kCPU).empty()) {
+    net->set_precision(Precision::int8);
+    loaded.net->set_precision(Precision::int8);
+    const double diff = test::max_abs_diff(loaded.net->forward(images), net->forward(images));
+    std::printf("int8 file against the float32 model quantized at load: max |d| %.2e\n", diff);
+    EXPECT_LE(diff, 1e-5);
+  }
+  // Fine-tuning from it starts at its dequantized weights.
+  VisionTransformer student(config);
+  load_for_finetune(int8_path, student);
+  student->eval();
+  EXPECT_LE(test::max_abs_diff(student->forward(images), dequantized), 1e-6);
+
+  // A version-2 file must say it holds int8.
+  auto tensors = state_tensors(net);
+  safetensors::write(dir.path() + "/bad.safetensors", tensors,
+                     {{"format", kModelFormat}, {"format_version", "2"}, {"model", to_json(config).dump()},
+                      {"preprocess", to_json(preprocess).dump()}, {"class_names", "[]"}});
+  EXPECT_NE(test::error_of([&] { load_model(dir.path() + "/bad.safetensors"); }).find("needs metadata \"precision\""),
+            std::string::npos);
 }
 
 // vit bench on a model as loaded, in int8: inference timed in int8, its weights counted at their packed size.

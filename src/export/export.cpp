@@ -199,12 +199,16 @@ std::vector<std::string> export_model(LoadedModel& model, const ExportRequest& r
   }
   torch::NoGradGuard no_grad;
   model.net->eval();
+  if (request.precision != Precision::fp32 && request.format != ExportFormat::vit) {
+    throw std::invalid_argument(std::string("--precision ") + name_of(request.precision) +
+                                " is written by --format vit only; " + name_of(request.format) + " holds float32");
+  }
   switch (request.format) {
     case ExportFormat::vit: {
       if (is_snapshot_dir(request.out)) throw std::runtime_error(request.out + ": is a folder; --format vit writes a file");
       const auto parent = fs::path(request.out).parent_path();
       if (!parent.empty()) make_dirs(parent.string());
-      save_model(request.out, model.net, model.preprocess, model.class_names);
+      save_model(request.out, model.net, model.preprocess, model.class_names, {}, request.precision);
       return {request.out};
     }
     case ExportFormat::timm: {

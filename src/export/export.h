@@ -25,6 +25,7 @@ struct ExportRequest {
   bool dynamic_size = false;   // onnx: symbolic height and width, the position embedding resampled in the graph
   bool external_data = false;  // onnx: the weights in <out>.data beside the graph (chosen anyway above 2 GiB)
   uint64_t max_shard_bytes = 0;  // timm, hf: weights above this split into shards with an index (0: one file)
+  Precision precision = Precision::fp32;  // vit: fp32 or int8 weights (io/model_file.h); the others write float32
 };
 
 // --max-shard-size as transformers spells it: bytes, or a number with KB/MB/GB (powers of 1000) or KiB/MiB/GiB

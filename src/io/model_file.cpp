@@ -31,15 +31,36 @@ std::vector<std::pair<std::string, torch::Tensor>> state_tensors(VisionTransform
 }
 
 void save_model(const std::string& path, VisionTransformer& net, const Preprocess& preprocess,
-                const std::vector<std::string>& class_names, const std::map<std::string, std::string>& extra) {
+                const std::vector<std::string>& class_names, const std::map<std::string, std::string>& extra,
+                Precision precision) {
+  if (precision != Precision::fp32 && precision != Precision::int8) {
+    throw std::invalid_argument(std::string("a vit model file holds fp32 or int8 weights, not ") + name_of(precision));
+  }
+  const bool int8 = precision == Precision::int8;
   std::map<std::string, std::string> metadata = extra;
   metadata["format"] = kModelFormat;
-  metadata["format_version"] = std::to_string(kModelFormatVersion);
+  metadata["format_version"] = std::to_string(int8 ? kModelFormatVersionInt8 : kModelFormatVersion);
+  if (int8) metadata["precision"] = "int8";
   metadata["model"] = to_json(net->config()).dump();
   metadata["preprocess"] = to_json(preprocess).dump();
   // Class names may be folder names, which need not be UTF-8: bad bytes become U+FFFD rather than failing the save.
   metadata["class_names"] = json(class_names).dump(-1, ' ', false, json::error_handler_t::replace);
-  safetensors::write(path, state_tensors(net), metadata);
+  auto tensors = state_tensors(net);
+  if (int8) {
+    const auto names = net->quantized_weight_names();
+    std::vector<std::pair<std::string, torch::Tensor>> quantized;
+    for (auto& [name, tensor] : tensors) {
+      if (std::find(names.begin(), names.end(), name) == names.end()) {
+        quantized.emplace_back(name, tensor);
+        continue;
+      }
+      auto [q, scales] = quantize_weight_int8(tensor.reshape({tensor.size(0), -1}));
+      quantized.emplace_back(name, q.view(tensor.sizes()));
+      quantized.emplace_back(name + "_scale", scales);
+    }
+    tensors = std::move(quantized);
+  }
+  safetensors::write(path, tensors, metadata);
 }
 
 namespace {
@@ -100,6 +121,37 @@ std::map<std::string, torch::Tensor> all_tensors(const safetensors::Archive& arc
   std::map<std::string, torch::Tensor> out;
   for (const auto& info : archive.tensors) out[info.name] = archive.tensor(info, /*as_float32=*/true);
   return out;
+}
+
+// weight = int8 x scale, one scale per output row (kModelFormatVersionInt8), as float32 in the weight's shape.
+torch::Tensor dequantized(const torch::Tensor& q, const torch::Tensor& scales, const std::string& name,
+                          const std::string& path) {
+  if (scales.dim() != 1 || q.dim() < 2 || scales.size(0) != q.size(0)) {
+    std::ostringstream message;
+    message << path << ": " << name << "_scale has shape " << scales.sizes() << ", not one scale per row of " << name
+            << " " << q.sizes();
+    throw std::runtime_error(message.str());
+  }
+  std::vector<int64_t> shape(static_cast<size_t>(q.dim()), 1);
+  shape[0] = q.size(0);
+  return q.to(torch::kFloat32) * scales.to(torch::kFloat32).view(shape);
+}
+
+// An int8 model file's tensors with each quantized weight dequantized and its scale dropped.
+void dequantize_all(std::map<std::string, torch::Tensor>& tensors, const std::string& path) {
+  for (auto it = tensors.begin(); it != tensors.end();) {
+    const std::string& name = it->first;
+    const std::string suffix = "_scale";
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      const std::string weight = name.substr(0, name.size() - suffix.size());
+      auto found = tensors.find(weight);
+      if (found == tensors.end()) throw std::runtime_error(path + ": " + name + " has no weight " + weight + " beside it");
+      found->second = dequantized(found->second, it->second, weight, path);
+      it = tensors.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 const std::string& metadata_value(const std::map<std::string, std::string>& metadata, const std::string& key,
@@ -358,9 +410,17 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
   auto format = metadata.find("format");
   if (format != metadata.end() && format->second == kModelFormat) {
     const auto& version = metadata_value(metadata, "format_version", path);
-    if (version != std::to_string(kModelFormatVersion)) {
-      throw std::runtime_error(path + ": model format version " + version + ", this vit reads version " +
-                               std::to_string(kModelFormatVersion) + " (re-export it with a matching vit)");
+    if (version != std::to_string(kModelFormatVersion) && version != std::to_string(kModelFormatVersionInt8)) {
+      throw std::runtime_error(path + ": model format version " + version + ", this vit reads versions " +
+                               std::to_string(kModelFormatVersion) + " and " + std::to_string(kModelFormatVersionInt8) +
+                               " (re-export it with a matching vit)");
+    }
+    if (version == std::to_string(kModelFormatVersionInt8)) {
+      const auto precision = metadata.find("precision");
+      if (precision == metadata.end() || precision->second != "int8") {
+        throw std::runtime_error(path + ": model format version " + version + " needs metadata \"precision\": \"int8\"");
+      }
+      out.precision = Precision::int8;
     }
     out.has_metadata = true;
     const ModelConfig trained = parse_model_config(metadata_json(metadata, "model", path), path + " (metadata)");
@@ -389,10 +449,30 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
     if (!out.has_metadata) out.sources.emplace_back("class_names", "numbered");
   }
   out.sources.emplace_back("weights", path);
+  // An int8 file's scales are read with their weights, not as tensors of their own.
+  const bool int8 = out.precision == Precision::int8;
+  auto scale_of = [&](const std::string& name) { return int8 ? file.find(name + "_scale") : nullptr; };
   std::map<std::string, std::vector<int64_t>> shapes;
-  for (const auto& info : file.tensors()) shapes[info.name] = info.shape;
+  for (const auto& info : file.tensors()) {
+    const bool scale = int8 && info.name.size() > 6 && info.name.compare(info.name.size() - 6, 6, "_scale") == 0 &&
+                       file.find(info.name.substr(0, info.name.size() - 6)) != nullptr;
+    if (!scale) shapes[info.name] = info.shape;
+  }
   build_and_read(
-      out, shapes, [&](const std::string& name, torch::Tensor target) { file.read_into(*file.find(name), target); },
+      out, shapes,
+      [&](const std::string& name, torch::Tensor target) {
+        const auto* info = file.find(name);
+        if (const auto* scale = scale_of(name)) {
+          if (info->dtype != safetensors::DType::I8) {
+            throw std::runtime_error(path + ": " + name + " has a scale beside it but is " +
+                                     safetensors::dtype_name(info->dtype) + ", not I8");
+          }
+          target.copy_(dequantized(file.tensor(*info, /*as_float32=*/false), file.tensor(*scale, /*as_float32=*/true),
+                                   name, path));
+        } else {
+          file.read_into(*info, target);
+        }
+      },
       old_grid, path);
   return out;
 }
@@ -469,6 +549,8 @@ std::vector<std::string> load_for_finetune(const std::string& path, VisionTransf
     refuse_pickle(path);
     const auto archive = safetensors::read(path);
     tensors = all_tensors(archive);
+    const auto precision = archive.metadata.find("precision");
+    if (precision != archive.metadata.end() && precision->second == "int8") dequantize_all(tensors, path);
     auto format = archive.metadata.find("format");
     if (format != archive.metadata.end() && format->second == kModelFormat) {
       trained = parse_model_config(metadata_json(archive.metadata, "model", path), path + " (metadata)");

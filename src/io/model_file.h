@@ -13,7 +13,12 @@
 namespace vit {
 
 inline constexpr const char* kModelFormat = "vit-model";
-inline constexpr int kModelFormatVersion = 1;
+inline constexpr int kModelFormatVersion = 1;  // float32 weights
+// An int8 file (vit export --format vit --precision int8): every weight VisionTransformerImpl::quantized_weight_names
+// lists is stored in int8 with "<name>_scale" beside it (float32, one per output row: weight = int8 x scale), the
+// rest in float32, and metadata "precision": "int8". A new version, so that a vit from before int8 files refuses one
+// by its version rather than misreading it.
+inline constexpr int kModelFormatVersionInt8 = 2;
 
 struct LoadedModel {
   VisionTransformer net{nullptr};
@@ -27,11 +32,16 @@ struct LoadedModel {
   // Where the model, the preprocessing and the class names came from, for `vit info`: ("model", "..."), ...
   std::vector<std::pair<std::string, std::string>> sources;
   std::vector<std::string> adapted;  // what loading changed (a position embedding resampled), one line each, for the log
+  // The precision the file was written in (int8 for an int8 model file, whose weights load dequantized into
+  // float32): what inference uses unless --precision says otherwise.
+  Precision precision = Precision::fp32;
 };
 
-// Writes the model's state dict (float32, timm names) and our metadata atomically.
+// Writes the model's state dict (float32, timm names; with Precision::int8 the quantized weights in int8, see
+// kModelFormatVersionInt8) and our metadata atomically. Other precisions are refused.
 void save_model(const std::string& path, VisionTransformer& net, const Preprocess& preprocess,
-                const std::vector<std::string>& class_names, const std::map<std::string, std::string>& extra = {});
+                const std::vector<std::string>& class_names, const std::map<std::string, std::string>& extra = {},
+                Precision precision = Precision::fp32);
 
 // Rebuilds a model from a file or a snapshot folder alone: our own file, or a timm or Hugging Face snapshot folder
 // (io/snapshot.h: config and preprocessing from its JSON files). A run folder of `vit train` loads its

@@ -27,9 +27,9 @@ using Json = nlohmann::ordered_json;  // ordered: tensors keep the order the fil
 
 // The reference implementation's limit; a larger "header" means the file is something else or hostile.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
-constexpr const char* kSupported = "F32, F16, BF16, F64, I64, I32, U8, BOOL";
+constexpr const char* kSupported = "F32, F16, BF16, F64, I64, I32, I8, U8, BOOL";
 constexpr DType kAllDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::F64,
-                                DType::I64, DType::I32, DType::U8,   DType::BOOL};
+                                DType::I64, DType::I32, DType::I8,   DType::U8, DType::BOOL};
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
@@ -163,6 +163,7 @@ const char* dtype_name(DType dtype) {
     case DType::F64: return "F64";
     case DType::I64: return "I64";
     case DType::I32: return "I32";
+    case DType::I8: return "I8";
     case DType::U8: return "U8";
     case DType::BOOL: return "BOOL";
   }
@@ -177,6 +178,7 @@ size_t itemsize(DType dtype) {
     case DType::I32: return 4;
     case DType::F16:
     case DType::BF16: return 2;
+    case DType::I8:
     case DType::U8:
     case DType::BOOL: return 1;
   }
@@ -191,6 +193,7 @@ torch::ScalarType to_scalar_type(DType dtype) {
     case DType::F64: return torch::kFloat64;
     case DType::I64: return torch::kInt64;
     case DType::I32: return torch::kInt32;
+    case DType::I8: return torch::kInt8;
     case DType::U8: return torch::kUInt8;
     case DType::BOOL: return torch::kBool;
   }

@@ -17,7 +17,7 @@
 
 namespace vit::safetensors {
 
-enum class DType { F32, F16, BF16, F64, I64, I32, U8, BOOL };
+enum class DType { F32, F16, BF16, F64, I64, I32, I8, U8, BOOL };
 
 // "F32", "BF16", ...: the spelling used in the header.
 const char* dtype_name(DType dtype);

@@ -534,6 +534,14 @@ void VisionTransformerImpl::set_precision(Precision precision) {
   precision_ = precision;
 }
 
+std::vector<std::string> VisionTransformerImpl::quantized_weight_names() {
+  std::vector<std::string> names{"patch_embed.proj.weight"};
+  for (const auto& item : named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    if (item.value()->as<Linear>() != nullptr) names.push_back(item.key() + ".weight");
+  }
+  return names;
+}
+
 int64_t VisionTransformerImpl::weight_bytes() {
   std::set<const void*> packed_tensors;  // the float32 weights a packed layer replaces
   int64_t bytes = 0;

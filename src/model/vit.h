@@ -188,8 +188,12 @@ struct VisionTransformerImpl : torch::nn::Module {
   // precision_refusal's reason where this build or machine cannot.
   void set_precision(Precision precision);
   Precision precision() const { return precision_; }
-  // Bytes the weights take as the model runs: float32 parameters, with each packed layer counted at its packed size.
+  // Bytes the weights inference reads: float32 parameters, each packed layer counted at its packed size (the float32
+  // copies stay beside them for gradients).
   int64_t weight_bytes();
+  // The state-dict names of the weights that int8 quantizes (every linear layer's, the patch embedding's): what an
+  // int8 model file stores in int8 (io/model_file.h).
+  std::vector<std::string> quantized_weight_names();
   // Re-initialises all parameters as timm's default init ("jax"-free): trunc-normal(0.02) for Linear and pos_embed,
   // normal(1e-6) for cls_token and reg_token, trunc-normal(D^-0.5) for attn_pool's latent, zero biases, LayerNorm
   // (1, 0). Deterministic given torch's generator state.
