@@ -46,7 +46,8 @@ void print_run(const EvaluateRun& run, const LoadedModel& model, const std::stri
     }
     return;
   }
-  const auto& [size, result, report] = run.scores[0];
+  const auto& [size, result, report, predictions] = run.scores[0];
+  (void)predictions;
   std::printf("%s on %s at %s (%lld samples)\n", model.path.c_str(), split.c_str(), size_text(size[0], size[1]).c_str(),
               static_cast<long long>(result.count));
   std::printf("loss %.4f   top-1 %.2f%%   top-5 %.2f%%\n\n", result.loss, result.top1, result.top5);
@@ -72,6 +73,7 @@ int run_evaluate(const EvaluateOptions& options) {
   request.batch_size = options.batch_size;
   request.device = resolve_device(options.device);
   request.masked_heads = options.mask_heads;
+  request.predictions = !options.out.empty();
   if (!options.img_size.empty()) request.sizes = parse_img_sizes(options.img_size, /*allow_list=*/true);
   auto model = load_model_args(options.checkpoint, options.config);
   request.precision = chosen_precision(model, options.precision);
@@ -85,8 +87,8 @@ int run_evaluate(const EvaluateOptions& options) {
   const auto run = evaluate_sizes(model, load_config_args(options.config), request, codec);
   if (!options.out.empty()) {
     write_evaluation(options.out, run, model.class_names, plot);
-    log::info("wrote the confusion matrices (csv" + std::string(plot ? ", png" : "") + ") and report.json to " +
-              options.out);
+    log::info("wrote the confusion matrices (csv" + std::string(plot ? ", png" : "") +
+              "), predictions.csv and report.json to " + options.out);
   }
   if (options.json) {
     std::cout << evaluation_report_text(run.report) << "\n";
@@ -106,7 +108,8 @@ void setup_evaluate(CLI::App& app, int& status) {
   add_config_args(command, options->config);
   command->add_option("--split", options->split, "val | test")->check(CLI::IsMember({"val", "test"}))->capture_default_str();
   command->add_flag("--json", options->json, "print one JSON object");
-  command->add_option("--out", options->out, "write confusion.csv, confusion.png and report.json here");
+  command->add_option("--out", options->out,
+                      "write confusion.csv, confusion.png, predictions.csv (every sample's) and report.json here");
   command->add_option("--batch-size", options->batch_size, "images per forward pass")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -68,8 +68,9 @@ TEST(CliParity, PredictJsonMatchesTimmLogitsAndTop5) {
   }
 }
 
-// --precision end to end: an int8 model file from `vit export`, `vit info` on it (its precision and sizes), `vit predict`
-// on it in int8 by default (the same top-1 and logits close to float32's), and fp16 refused on the CPU in one line.
+// --precision end to end: an int8 model file from `vit export`, `vit info` on it (its precision and sizes),
+// `vit predict` on it in int8 by default (the same top-1 and logits close to float32's), and fp16 refused on the CPU
+// in one line.
 TEST(CliPrecision, Int8ExportInfoAndPredict) {
   test::TempDir dir;
   const std::string images = " '" + data_path("tiny32/synthetic.png") + "' '" + data_path("tiny32/chelsea.png") + "'";

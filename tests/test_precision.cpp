@@ -91,12 +91,13 @@ TEST(PackedLinear, Int8IsTheQuantizedProductWrittenOut) {
 
   const auto [wq, ws] = quantize_weight_int8(weight);
   const auto [xq, xs] = quantize_weight_int8(x);  // the same symmetric per-row quantization
-  const auto expected = torch::matmul(xq.to(torch::kDouble), wq.to(torch::kDouble).t()) * xs.to(torch::kDouble).unsqueeze(1) *
-                            ws.to(torch::kDouble).unsqueeze(0) +
+  const auto expected = torch::matmul(xq.to(torch::kDouble), wq.to(torch::kDouble).t()) *
+                            xs.to(torch::kDouble).unsqueeze(1) * ws.to(torch::kDouble).unsqueeze(0) +
                         bias.to(torch::kDouble);
   const double diff = test::max_abs_diff(y.view({M, N}).to(torch::kDouble), expected);
   const double vs_float = test::max_abs_diff(y.view({M, N}), torch::addmm(bias, x, weight.t()));
-  std::printf("int8 linear (%lldx%lld by %lldx%lld): max |d| vs the quantized product written out %.2e, vs float32 %.2e\n",
+  std::printf("int8 linear (%lldx%lld by %lldx%lld): max |d| vs the quantized product written out %.2e, "
+              "vs float32 %.2e\n",
               static_cast<long long>(M), static_cast<long long>(K), static_cast<long long>(K),
               static_cast<long long>(N), diff, vs_float);
   EXPECT_LE(diff, 1e-4);
@@ -145,7 +146,8 @@ TEST(Precision, ModelsOfTheFamilyStayCloseToFloat32) {
       {"qk_norm, quick_gelu", [](ModelConfig& c) { c.qk_norm = true, c.act_layer = Activation::quick_gelu; }},
       {"registers, no class token, avg pool",
        [](ModelConfig& c) { c.reg_tokens = 2, c.class_token = false, c.global_pool = GlobalPool::avg; }},
-      {"MAP head, gelu_tanh", [](ModelConfig& c) { c.global_pool = GlobalPool::map, c.act_layer = Activation::gelu_tanh; }},
+      {"MAP head, gelu_tanh",
+       [](ModelConfig& c) { c.global_pool = GlobalPool::map, c.act_layer = Activation::gelu_tanh; }},
       {"relative position bias, pre_norm", [](ModelConfig& c) { c.rel_pos_bias = true, c.pre_norm = true; }},
   };
   const bool bf16 = precision_refusal(Precision::bf16, torch::kCPU).empty();

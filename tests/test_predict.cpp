@@ -229,6 +229,11 @@ TEST(EvaluationReport, PerClassMistakesAndConfusionCsv) {
   EXPECT_EQ(report["confident_mistakes"][0],
             nlohmann::json({{"source", "sample4"}, {"label", "ant"}, {"predicted", "bee"}, {"confidence", 0.75}}));
   EXPECT_EQ(confusion_csv(result.confusion, {"ant", "bee"}), "true\\predicted,ant,bee\nant,2,1\nbee,0,3\n");
+  // Every sample's prediction, in index order, a source with a comma or a quote quoted as CSV does.
+  const std::vector<SamplePrediction> predictions{{7, 1, 1, 0.5}, {2, 0, 1, 0.75}};
+  EXPECT_EQ(predictions_csv(predictions, {"ant", "bee"},
+                            [](int64_t i) { return i == 2 ? std::string("a,\"b\".png") : "s" + std::to_string(i); }),
+            "index,source,label,predicted,confidence\n2,\"a,\"\"b\"\".png\",ant,bee,0.750000\n7,s7,bee,bee,0.500000\n");
 }
 
 }  // namespace

@@ -145,7 +145,9 @@ void dequantize_all(std::map<std::string, torch::Tensor>& tensors, const std::st
     if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
       const std::string weight = name.substr(0, name.size() - suffix.size());
       auto found = tensors.find(weight);
-      if (found == tensors.end()) throw std::runtime_error(path + ": " + name + " has no weight " + weight + " beside it");
+      if (found == tensors.end()) {
+        throw std::runtime_error(path + ": " + name + " has no weight " + weight + " beside it");
+      }
       found->second = dequantized(found->second, it->second, weight, path);
       it = tensors.erase(it);
     } else {

@@ -2,11 +2,12 @@
 #include "train/evaluate.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace vit {
 
 EvalResult evaluate(VisionTransformer& net, Loader& loader, int64_t num_classes, const torch::Device& device,
-                    Communicator* comm, int64_t keep_mistakes) {
+                    Communicator* comm, int64_t keep_mistakes, bool keep_predictions) {
   const bool was_training = net->is_training();
   net->eval();
   torch::NoGradGuard no_grad;
@@ -14,6 +15,7 @@ EvalResult evaluate(VisionTransformer& net, Loader& loader, int64_t num_classes,
   int64_t correct1 = 0, correct5 = 0, count = 0;
   auto confusion = torch::zeros({num_classes, num_classes}, torch::kInt64);
   std::vector<Mistake> mistakes;
+  std::vector<SamplePrediction> predictions;
   const int64_t k5 = std::min<int64_t>(5, num_classes);
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
@@ -37,6 +39,9 @@ EvalResult evaluate(VisionTransformer& net, Loader& loader, int64_t num_classes,
     auto pred_acc = predicted.accessor<int64_t, 1>();
     auto label_acc = labels_cpu.accessor<int64_t, 1>();
     for (int64_t i = 0; i < B; ++i) {
+      if (keep_predictions) {
+        predictions.push_back({batch->indices[i], label_acc[i], pred_acc[i], p_acc[i][pred_acc[i]]});
+      }
       if (pred_acc[i] != label_acc[i]) {
         mistakes.push_back({batch->indices[i], label_acc[i], pred_acc[i], p_acc[i][pred_acc[i]]});
       }
@@ -70,7 +75,47 @@ EvalResult evaluate(VisionTransformer& net, Loader& loader, int64_t num_classes,
   result.top5 = count ? 100.0 * correct5 / count : 0.0;
   result.confusion = confusion;
   result.mistakes = std::move(mistakes);
+  result.predictions = std::move(predictions);
   return result;
+}
+
+namespace {
+// A CSV field: as it is, or in double quotes (inner quotes doubled) when it holds a comma, quote or line break.
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (char c : text) {
+    if (c == '"') quoted += '"';
+    quoted += c;
+  }
+  quoted += '"';
+  return quoted;
+}
+}  // namespace
+
+std::string predictions_csv(std::vector<SamplePrediction> predictions, const std::vector<std::string>& class_names,
+                            const std::function<std::string(int64_t)>& source_of) {
+  std::sort(predictions.begin(), predictions.end(),
+            [](const SamplePrediction& a, const SamplePrediction& b) { return a.index < b.index; });
+  auto name = [&](int64_t c) {
+    return c >= 0 && c < static_cast<int64_t>(class_names.size()) ? class_names[c] : std::to_string(c);
+  };
+  std::string csv = "index,source,label,predicted,confidence\n";
+  char confidence[32];
+  for (const auto& p : predictions) {
+    std::snprintf(confidence, sizeof confidence, "%.6f", p.confidence);
+    csv += std::to_string(p.index);
+    csv += ',';
+    csv += csv_field(source_of(p.index));
+    csv += ',';
+    csv += csv_field(name(p.label));
+    csv += ',';
+    csv += csv_field(name(p.predicted));
+    csv += ',';
+    csv += confidence;
+    csv += '\n';
+  }
+  return csv;
 }
 
 std::vector<std::pair<double, double>> precision_recall(const torch::Tensor& confusion) {

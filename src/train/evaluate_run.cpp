@@ -63,7 +63,8 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
       progress.advance(batch.images.size(0));
     };
     Loader loader(dataset, make_eval_transform(config->data, config->model), loader_options, count_batch);
-    auto result = evaluate(model.net, loader, model.model.num_classes, request.device);
+    auto result = evaluate(model.net, loader, model.model.num_classes, request.device, /*comm=*/nullptr,
+                           /*keep_mistakes=*/20, request.predictions);
     progress.finish();
     nlohmann::json report =
         evaluation_report(result, model.class_names, [&](int64_t index) { return dataset->source(index); });
@@ -78,7 +79,12 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
                     result.top1);
       log::info(line);
     }
-    run.scores.push_back({size, std::move(result), std::move(report)});
+    std::string predictions;
+    if (request.predictions) {
+      predictions = predictions_csv(std::move(result.predictions), model.class_names,
+                                    [&](int64_t index) { return dataset->source(index); });
+    }
+    run.scores.push_back({size, std::move(result), std::move(report), std::move(predictions)});
   }
   if (several) {
     nlohmann::json all = nlohmann::json::array();
@@ -102,6 +108,10 @@ void write_evaluation(const std::string& out, const EvaluateRun& run, const std:
     // One size: confusion.csv and confusion.png; several: each with its size in the name (confusion_35x35.csv).
     const std::string stem = out + "/confusion" + (several ? "_" + size_text(s.size[0], s.size[1]) : "");
     write_file_atomic(stem + ".csv", confusion_csv(s.result.confusion, class_names));
+    if (!s.predictions_csv.empty()) {
+      write_file_atomic(out + "/predictions" + (several ? "_" + size_text(s.size[0], s.size[1]) : "") + ".csv",
+                        s.predictions_csv);
+    }
     if (plot) plot(stem + ".png", s.result.confusion, class_names);
   }
   write_file_atomic(out + "/report.json", evaluation_report_text(run.report) + "\n");

@@ -25,6 +25,7 @@ struct EvaluateRequest {
   int64_t batch_size = 256;
   torch::Device device = torch::kCPU;
   Precision precision = Precision::fp32;  // model/precision.h
+  bool predictions = false;  // keep every sample's prediction (SizeScore::predictions_csv)
   std::string masked_heads;  // --mask-heads as given, for the report (the mask is set on the model by the caller)
 };
 
@@ -32,6 +33,7 @@ struct SizeScore {
   std::array<int64_t, 2> size{};
   EvalResult result;
   nlohmann::json report;  // evaluation_report() with checkpoint, split, img_size (and masked_heads)
+  std::string predictions_csv;  // with EvaluateRequest::predictions: predictions_csv() of every sample
 };
 
 struct EvaluateRun {
@@ -50,8 +52,8 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
 using ConfusionPlot = std::function<void(const std::string& path, const torch::Tensor& confusion,
                                          const std::vector<std::string>& class_names)>;
 
-// Writes `out`/confusion.csv (and .png through `plot`, when given) per size, named confusion_HxW.* when there are
-// several, and `out`/report.json (run.report). Paths and class names need not be UTF-8: bad bytes become U+FFFD.
+// Writes `out`/confusion.csv (and .png through `plot`, when given) and, when kept, predictions.csv per size, named
+// confusion_HxW.* and predictions_HxW.csv when there are several, and `out`/report.json (run.report). Paths and class names need not be UTF-8: bad bytes become U+FFFD.
 void write_evaluation(const std::string& out, const EvaluateRun& run, const std::vector<std::string>& class_names,
                       const ConfusionPlot& plot);
 
