@@ -37,19 +37,21 @@ int sgemm_through_fortran(char transa, char transb, int64_t M, int64_t N, int64_
   return 0;
 }
 
-// Debian's libtorch exports oneDNN's dnnl_sgemm (AVX-512 where the CPU has it; its own matmul goes through OpenBLAS,
-// which stops at AVX2). PyTorch's wheel hides oneDNN but exports the sgemm_ of the MKL it links statically, the same
-// kernel its matmul uses. Anything else: no fast path.
+// PyTorch's wheel hides its oneDNN but exports the sgemm_ of the MKL it links statically, the same kernel its matmul
+// uses: taken first. Debian's libtorch exports oneDNN's dnnl_sgemm (AVX-512 where the CPU has it; its own matmul goes
+// through OpenBLAS, which stops at AVX2). In the wheel's build Debian's libdnnl is loaded too (model/dnnl_matmul.h),
+// and its dnnl_sgemm answers "unimplemented" (status 3) there, hence MKL first. Anything else: no fast path.
 SgemmFn find_sgemm() {
   static const SgemmFn sgemm = []() -> SgemmFn {
     const char* choice = std::getenv("VIT_CPU_KERNELS");
     if (choice != nullptr && std::strcmp(choice, "aten") == 0) return nullptr;
-    if (void* found = dlsym(RTLD_DEFAULT, "dnnl_sgemm")) return reinterpret_cast<SgemmFn>(found);
     // sgemm_ only where it is MKL's: another BLAS's (OpenBLAS) would be no faster than ATen's own matmul.
-    void* fortran = dlsym(RTLD_DEFAULT, "mkl_blas_sgemm") != nullptr ? dlsym(RTLD_DEFAULT, "sgemm_") : nullptr;
-    if (fortran == nullptr) return nullptr;
-    fortran_sgemm = reinterpret_cast<FortranSgemmFn>(fortran);
-    return &sgemm_through_fortran;
+    if (void* fortran = dlsym(RTLD_DEFAULT, "mkl_blas_sgemm") != nullptr ? dlsym(RTLD_DEFAULT, "sgemm_") : nullptr) {
+      fortran_sgemm = reinterpret_cast<FortranSgemmFn>(fortran);
+      return &sgemm_through_fortran;
+    }
+    if (void* found = dlsym(RTLD_DEFAULT, "dnnl_sgemm")) return reinterpret_cast<SgemmFn>(found);
+    return nullptr;
   }();
   return sgemm;
 }

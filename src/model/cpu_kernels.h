@@ -2,9 +2,9 @@
 //  - linear layers through oneDNN's sgemm, which uses AVX-512 where the CPU has it (OpenBLAS, behind ATen's
 //    matmul on Debian, stops at AVX2: half the FLOP rate on an AVX-512 core), and
 //  - the attention core read straight out of the fused qkv projection: no q/k/v copies, heads in parallel.
-// The sgemm is looked up at run time among the libraries libtorch loaded: oneDNN's dnnl_sgemm (Debian's libtorch
-// links libdnnl), else the sgemm_ of the MKL inside PyTorch's wheel (which keeps its oneDNN private); without either
-// every call falls back to ATen. Both paths compute the same float32 products; only rounding differs.
+// The sgemm is looked up at run time among the libraries loaded: the sgemm_ of the MKL inside PyTorch's wheel (which
+// keeps its oneDNN private), else oneDNN's dnnl_sgemm (Debian's libtorch links libdnnl); without either every call
+// falls back to ATen. Both paths compute the same float32 products; only rounding differs.
 //
 // Shape key: B batch, N tokens, D embed dim, nh heads, hd head dim (D / nh).
 #pragma once
