@@ -85,6 +85,10 @@ std::pair<torch::Tensor, torch::Tensor> quantize_weight_int8(const torch::Tensor
 
 #if VIT_WITH_DNNL
 
+// Elements per thread below which the row passes (quantize, scale back) stay on the calling thread: a parallel region
+// costs microseconds, a vectorized pass over 128K floats about as much.
+constexpr int64_t kRowGrain = int64_t{1} << 17;
+
 struct PackedLinear::State {
   Precision precision;
   int64_t N = 0, K = 0;
@@ -168,13 +172,13 @@ torch::Tensor PackedLinear::forward(const torch::Tensor& x) const {
   const float* x_data = rows.data_ptr<float>();
   int8_t* q = input.data_ptr<int8_t>();
   float* rs = row_scales.data_ptr<float>();
-  at::parallel_for(0, M, std::max<int64_t>(1, 8192 / K), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, M, std::max<int64_t>(1, kRowGrain / K), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) rs[r] = kernels.quantize_row(x_data + r * K, K, q + r * K);
   });
   float* y = out.data_ptr<float>();
   s.matmul->run(M, q, y, nullptr);
   const float* b = s.bias.defined() ? s.bias.data_ptr<float>() : nullptr;
-  at::parallel_for(0, M, std::max<int64_t>(1, 8192 / N), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, M, std::max<int64_t>(1, kRowGrain / N), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) kernels.scale_row(y + r * N, N, rs[r], b);
   });
   return out.view(out_shape);
