@@ -143,17 +143,6 @@ TEST(CpuKernels, PatchEmbedMatchesItsConvolution) {
 
 // ---- the fused block ----
 
-// Every parameter moved off timm's init (zero biases, unit norms, equal LayerScale): each one then shapes the output.
-// Matrices by 0.2 / sqrt(fan-in), so that activations keep their scale at any width.
-void perturb(VisionTransformer& net, uint64_t seed) {
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(seed);
-  for (auto& p : net->parameters()) {
-    const double fan_in = p.dim() >= 2 ? static_cast<double>(p.numel() / p.size(0)) : 1.0;
-    p.add_(torch::randn_like(p) * (0.2 / std::sqrt(fan_in)));
-  }
-}
-
 // max |a - b| over max |b|: a difference relative to the tensor's scale.
 double relative_diff(const torch::Tensor& a, const torch::Tensor& b) {
   const double scale = b.abs().max().item<double>();
@@ -201,7 +190,7 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
     fused_case.set(config);
     torch::manual_seed(0);
     VisionTransformer net(config);
-    perturb(net, 1);
+    test::perturb_weights(net, 1);
     net->train();
     ASSERT_EQ(net->blocks[0]->as<Block>()->fused_refusal(), "") << fused_case.name;
     torch::manual_seed(2);
@@ -244,7 +233,7 @@ TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
                                               /*depth=*/2, heads, /*mlp_ratio=*/4.0);
     torch::manual_seed(0);
     VisionTransformer net(config);
-    perturb(net, 4);
+    test::perturb_weights(net, 4);
     net->eval();
     torch::NoGradGuard no_grad;
     for (const int64_t batch : {1, 8}) {

@@ -24,16 +24,6 @@ namespace {
     if (!refusal.empty()) GTEST_SKIP() << refusal;                                  \
   } while (0)
 
-// Every parameter moved off the init by 0.2 / sqrt(fan-in) (as the fused block's tests): each one shapes the output.
-void perturb_weights(VisionTransformer& net, uint64_t seed) {
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(seed);
-  for (auto& p : net->parameters()) {
-    const double fan_in = p.dim() >= 2 ? static_cast<double>(p.numel() / p.size(0)) : 1.0;
-    p.add_(torch::randn_like(p) * (0.2 / std::sqrt(fan_in)));
-  }
-}
-
 double cosine(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.flatten() * b.flatten()).sum().item<double>() / (a.norm().item<double>() * b.norm().item<double>());
 }
@@ -155,10 +145,7 @@ TEST(Precision, ModelsOfTheFamilyStayCloseToFloat32) {
     ModelConfig config = test::tiny_vit(/*img=*/32, /*patch=*/8, /*in_chans=*/3, /*num_classes=*/10,
                                         /*embed_dim=*/96, /*depth=*/3, /*num_heads=*/3, /*mlp_ratio=*/4.0);
     precision_case.set(config);
-    torch::manual_seed(0);
-    VisionTransformer net(config);
-    perturb_weights(net, 1);
-    net->eval();
+    auto net = test::perturbed_model(config, 1);
     torch::manual_seed(2);
     const auto images = torch::randn({16, 3, 32, 32});
     torch::Tensor reference;
@@ -195,9 +182,7 @@ TEST(Precision, ModelsOfTheFamilyStayCloseToFloat32) {
 TEST(Precision, Int8AgreesWithFloat32OnPredictionsAndRollout) {
   SKIP_UNLESS_RUNS(Precision::int8);
   ModelConfig config = test::tiny_vit(32, 8, 3, 10, 96, 3, 3, 4.0);
-  torch::manual_seed(0);
-  VisionTransformer net(config);
-  perturb_weights(net, 3);
+  auto net = test::perturbed_model(config, 3);
   {
     torch::NoGradGuard no_grad;
     net->head->weight.mul_(20.0);  // confident classes, as a trained head's
@@ -236,9 +221,7 @@ TEST(Precision, Int8AgreesWithFloat32OnPredictionsAndRollout) {
 TEST(Precision, ChunkedBatchesEqualImageByImage) {
   SKIP_UNLESS_RUNS(Precision::int8);
   ModelConfig config = test::tiny_vit(32, 4, 3, 10, 96, 2, 3, 4.0);
-  torch::manual_seed(0);
-  VisionTransformer net(config);
-  perturb_weights(net, 5);
+  auto net = test::perturbed_model(config, 5);
   net->eval();
   net->set_precision(Precision::int8);
   torch::NoGradGuard no_grad;
@@ -259,9 +242,7 @@ TEST(Precision, ChunkedBatchesEqualImageByImage) {
 TEST(Precision, Int8ModelFileIsSmallAndRunsAsQuantizedAtLoad) {
   test::TempDir dir;
   ModelConfig config = test::tiny_vit(32, 8, 3, 10, 128, 2, 4, 4.0);
-  torch::manual_seed(0);
-  VisionTransformer net(config);
-  perturb_weights(net, 6);
+  auto net = test::perturbed_model(config, 6);
   net->eval();
   const Preprocess preprocess;
   const std::vector<std::string> classes{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"};

@@ -519,4 +519,21 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
 }
 
+void perturb_weights(VisionTransformer& net, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  for (auto& p : net->parameters()) {
+    const double fan_in = p.dim() >= 2 ? static_cast<double>(p.numel() / p.size(0)) : 1.0;
+    p.add_(torch::randn_like(p) * (0.2 / std::sqrt(fan_in)));
+  }
+}
+
+VisionTransformer perturbed_model(const ModelConfig& config, uint64_t seed) {
+  torch::manual_seed(0);
+  VisionTransformer net(config);
+  perturb_weights(net, seed);
+  net->eval();
+  return net;
+}
+
 }  // namespace vit::test

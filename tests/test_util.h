@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "data/image.h"
 #include "launch/launch.h"
+#include "model/vit.h"
 #include "vit/build_config.h"
 
 // CUDA cases skip with a visible reason where this libtorch has no CUDA or no GPU is visible (Debian's CPU libtorch).
@@ -142,5 +143,10 @@ void all_reduce_mean(Communicator& comm, torch::Tensor& flat, int64_t bucket_byt
 
 // max |a - b| over all elements.
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b);
+// Moves every parameter off timm's init (zero biases, unit norms, equal LayerScale) so that each one shapes the
+// output: matrices by 0.2 / sqrt(fan-in), which keeps activations at their scale at any width.
+void perturb_weights(VisionTransformer& net, uint64_t seed);
+// A model of `config` (seeded init), perturbed with `seed`, in eval mode.
+VisionTransformer perturbed_model(const ModelConfig& config, uint64_t seed);
 
 }  // namespace vit::test
