@@ -285,7 +285,7 @@ TEST_P(OnnxDynamicSize, MatchesTheModelAtThreeSizes) {
   const std::string path = dir / "model.onnx";
   auto input = export_input(net, /*attention_outputs=*/true);
   input.dynamic_size = true;
-  onnx::write_onnx(input, path);
+  EXPECT_EQ(onnx::write_onnx(input, path), std::vector<std::string>{path});
 
   torch::manual_seed(1);
   safetensors::NamedTensors inputs;
@@ -313,7 +313,7 @@ TEST(Onnx, ExternalDataBesideTheGraph) {
   input.external_data = true;
   test::TempDir dir;
   const std::string path = dir / "model.onnx";
-  onnx::write_onnx(input, path);
+  EXPECT_EQ(onnx::write_onnx(input, path), (std::vector<std::string>{path, path + ".data"}));  // what it wrote
   EXPECT_EQ(folder_entries(dir.path()), (std::vector<std::string>{"model.onnx", "model.onnx.data"}));
   const auto graph_bytes = std::filesystem::file_size(path);
   const auto data_bytes = std::filesystem::file_size(onnx::external_data_path(path));

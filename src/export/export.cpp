@@ -123,13 +123,7 @@ std::vector<std::string> export_onnx(LoadedModel& model, const ExportRequest& re
                     {"std", nlohmann::json(model.preprocess.std).dump()}};
   const auto parent = fs::path(request.out).parent_path();
   if (!parent.empty()) make_dirs(parent.string());
-  uint64_t weight_bytes = 0;
-  for (const auto& [name, weight] : input.weights) weight_bytes += weight.data.size() * sizeof(float);
-  onnx::write_onnx(input, request.out);
-  if (input.external_data || onnx::needs_external_data(weight_bytes)) {
-    return {request.out, onnx::external_data_path(request.out)};
-  }
-  return {request.out};
+  return onnx::write_onnx(input, request.out);
 #else
   (void)model;
   throw std::runtime_error(request.out +

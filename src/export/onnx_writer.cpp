@@ -616,7 +616,7 @@ std::string external_data_path(const std::string& path) { return path + ".data";
 
 bool needs_external_data(uint64_t weight_bytes) { return weight_bytes > kInlineWeightLimit; }
 
-void write_onnx(const ExportInput& input, const std::string& path) {
+std::vector<std::string> write_onnx(const ExportInput& input, const std::string& path) {
   const ModelConfig& m = input.model;
   const Geometry g = geometry(m, input.dynamic_size, path);
   Weights w(input.weights, path);
@@ -704,6 +704,8 @@ void write_onnx(const ExportInput& input, const std::string& path) {
   }
   if (data) data->close();
   write_atomic(model, path, data.get());
+  if (data) return {path, external_data_path(path)};
+  return {path};
 }
 
 }  // namespace vit::onnx

@@ -44,8 +44,9 @@ std::string external_data_path(const std::string& path);
 bool needs_external_data(uint64_t weight_bytes);
 
 // Writes `path` atomically (temp file in the same folder, then rename; nothing left behind on failure), with its
-// external data file renamed into place just before it.
+// external data file (when asked for, or needed) renamed into place just before it. Returns the files written: `path`,
+// then the external data file if there is one.
 // Throws std::runtime_error "<path>: <what>" naming any feature, weight or metadata key that cannot be represented.
-void write_onnx(const ExportInput& input, const std::string& path);
+std::vector<std::string> write_onnx(const ExportInput& input, const std::string& path);
 
 }  // namespace vit::onnx
