@@ -93,7 +93,7 @@ int run_bench_command(const BenchArgs& args) {
   options.threads = args.threads >= 0 ? args.threads : static_cast<int>(config->train.threads);
   options.amp = args.amp.empty() ? config->train.amp : *enum_from_name<AmpMode>(args.amp);
   options.seed = config->train.seed;
-  options.precision = loaded ? chosen_precision(*loaded, args.precision)
+  options.precision = loaded ? chosen_precision(*loaded, args.precision, resolve_device(options.device).type())
                              : args.precision.empty() ? Precision::fp32 : *enum_from_name<Precision>(args.precision);
   const auto r = loaded ? run_bench(loaded->net, options) : run_bench(config->model, options);
   if (args.json) {

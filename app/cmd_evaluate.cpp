@@ -76,7 +76,7 @@ int run_evaluate(const EvaluateOptions& options) {
   request.predictions = !options.out.empty();
   if (!options.img_size.empty()) request.sizes = parse_img_sizes(options.img_size, /*allow_list=*/true);
   auto model = load_model_args(options.checkpoint, options.config);
-  request.precision = chosen_precision(model, options.precision);
+  request.precision = chosen_precision(model, options.precision, request.device.type());
   for (const auto& [layer, heads] : parse_head_mask(options.mask_heads)) model.net->set_head_mask(layer, heads);
   std::shared_ptr<const ImageCodec> codec;
   ConfusionPlot plot;

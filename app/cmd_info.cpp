@@ -41,8 +41,7 @@ int run_info(const InfoOptions& options) {
     model = loaded.model, preprocess = loaded.preprocess, classes = loaded.class_names;
     params = count_parameters(*loaded.net);
     fp32_bytes = weight_bytes = loaded.net->weight_bytes();
-    precision = chosen_precision(loaded, options.precision);
-    if (options.precision.empty() && !precision_refusal(precision, torch::kCPU).empty()) precision = Precision::fp32;
+    precision = chosen_precision(loaded, options.precision, torch::kCPU);
     if (!is_snapshot_dir(loaded.path)) file_bytes = static_cast<int64_t>(std::filesystem::file_size(loaded.path));
     if (precision != Precision::fp32) {
       loaded.net->set_precision(precision);  // packed as inference would pack them (CPU; CUDA autocast keeps float32)

@@ -152,20 +152,18 @@ void add_precision_option(CLI::App* command, std::string& precision) {
       ->check(enum_choice<Precision>());
 }
 
-Precision chosen_precision(const LoadedModel& model, const std::string& precision) {
-  return precision.empty() ? model.precision : *enum_from_name<Precision>(precision);
+Precision chosen_precision(const LoadedModel& model, const std::string& precision, torch::DeviceType device) {
+  if (!precision.empty()) return *enum_from_name<Precision>(precision);
+  // The file's own: where it cannot run, its weights (dequantized at load) run in float32.
+  const auto refusal = precision_refusal(model.precision, device);
+  if (refusal.empty()) return model.precision;
+  log::warn(model.path + " holds " + name_of(model.precision) + " weights, run in float32 here: " + refusal);
+  return Precision::fp32;
 }
 
 void apply_precision(LoadedModel& model, const std::string& precision) {
-  const auto chosen = chosen_precision(model, precision);
+  const auto chosen = chosen_precision(model, precision, model.net->pos_embed.device().type());
   if (chosen == Precision::fp32 && model.net->precision() == Precision::fp32) return;
-  if (precision.empty()) {  // the file's own: where it cannot run, its weights run dequantized in float32
-    const auto refusal = precision_refusal(chosen, model.net->pos_embed.device().type());
-    if (!refusal.empty()) {
-      log::warn(model.path + " holds " + name_of(chosen) + " weights, run in float32 here: " + refusal);
-      return;
-    }
-  }
   const double before = static_cast<double>(model.net->weight_bytes()) / (1024.0 * 1024.0);
   model.net->set_precision(chosen);
   if (chosen == Precision::fp32) return;

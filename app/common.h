@@ -54,13 +54,13 @@ CLI::Validator enum_choice() {
 }
 
 void add_device_args(CLI::App* command, std::string& device, int& threads);
-// --precision fp32 | int8 | bf16 | fp16 (model/precision.h): inference's arithmetic; "" (not given) = the model
-// file's own (LoadedModel::precision).
+// --precision fp32 | int8 | bf16 | fp16 (model/precision.h): inference's arithmetic.
 void add_precision_option(CLI::App* command, std::string& precision);
-Precision chosen_precision(const LoadedModel& model, const std::string& precision);
-// Runs the model in --precision on the device it is on now (model/precision.h's refusal thrown where it cannot; a
-// file's own precision that cannot run here runs in float32, with a warning), logging the instructions used and what
-// the weights take.
+// The precision to run `model` in on `device`: --precision when given (refused later, by name, where it cannot run),
+// else the model file's own (LoadedModel::precision) where it can run, else float32 with a warning.
+Precision chosen_precision(const LoadedModel& model, const std::string& precision, torch::DeviceType device);
+// Runs the model in chosen_precision on the device it is on now (model/precision.h's refusal thrown where an asked-for
+// one cannot run), logging the instructions used and what the weights take.
 void apply_precision(LoadedModel& model, const std::string& precision);
 // --max-file-mb and --max-pixels: the limits checked on every input image before it is decoded (predict, embed,
 // export-attention).

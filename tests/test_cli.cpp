@@ -82,14 +82,18 @@ TEST(CliPrecision, Int8ExportInfoAndPredict) {
   ASSERT_EQ(info.status, 0) << info.errors;
   const json described = json::parse(info.output);
   const bool runs_int8 = described["precision"] == "int8";  // a build without oneDNN reports float32
-  if (runs_int8) EXPECT_LT(described["weight_bytes"].get<double>(), 0.5 * described["weight_bytes_fp32"].get<double>());
+  if (runs_int8) {
+    EXPECT_LT(described["weight_bytes"].get<double>(), 0.5 * described["weight_bytes_fp32"].get<double>());
+  }
   EXPECT_LT(described["file_bytes"].get<double>(), fs::file_size(data_path("tiny32/weights.safetensors")) * 0.5);
 
   const auto fp32 = test::run_vit("predict --json --topk 1 --checkpoint " + kWeights + " --config " + kConfig + images);
   const auto int8 = test::run_vit("predict --json --topk 1 --checkpoint '" + int8_file + "'" + images);
   ASSERT_EQ(fp32.status, 0) << fp32.errors;
   ASSERT_EQ(int8.status, 0) << int8.errors;
-  if (runs_int8) EXPECT_NE(int8.errors.find("precision int8"), std::string::npos) << int8.errors;
+  if (runs_int8) {
+    EXPECT_NE(int8.errors.find("precision int8"), std::string::npos) << int8.errors;
+  }
   const json a = json::parse(fp32.output), b = json::parse(int8.output);
   ASSERT_EQ(a.size(), 2u);
   double worst = 0;

@@ -5,6 +5,11 @@
 #include <ATen/Parallel.h>
 
 #include <stdexcept>
+#include <string>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "model/row_kernels.h"
 #include "vit/build_config.h"
@@ -16,14 +21,18 @@
 namespace vit {
 namespace {
 
+// CPUID leaf 7 (sub-leaves 0 and 1) straight, since clang 14's __builtin_cpu_supports knows no AMX or AVX-VNNI names.
 bool cpu_has(const char* feature) {
-#if defined(__x86_64__) || defined(_M_X64)
-  __builtin_cpu_init();
-  if (std::string(feature) == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
-  if (std::string(feature) == "amx-bf16") return __builtin_cpu_supports("amx-bf16");
-  if (std::string(feature) == "amx-int8") return __builtin_cpu_supports("amx-int8");
-  if (std::string(feature) == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
-  if (std::string(feature) == "avxvnni") return __builtin_cpu_supports("avxvnni");
+#if defined(__x86_64__)
+  unsigned a0 = 0, b0 = 0, c0 = 0, d0 = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+  if (__get_cpuid_count(7, 0, &a0, &b0, &c0, &d0) == 0) return false;
+  __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+  const std::string name = feature;
+  if (name == "avx512vnni") return (c0 >> 11) & 1u;
+  if (name == "amx-bf16") return (d0 >> 22) & 1u;
+  if (name == "amx-int8") return (d0 >> 25) & 1u;
+  if (name == "avxvnni") return (a1 >> 4) & 1u;
+  if (name == "avx512bf16") return (a1 >> 5) & 1u;
 #endif
   (void)feature;
   return false;
