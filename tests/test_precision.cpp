@@ -184,6 +184,13 @@ TEST(Precision, ModelsOfTheFamilyStayCloseToFloat32) {
 // logits against float32 on those and on 64 new ones (cosine >= 0.999), every prediction the same.
 TEST(Precision, ATrainedModelStaysCloseToFloat32) {
   SKIP_UNLESS_RUNS(Precision::int8);
+  // One thread: 200 small steps are mostly OpenMP barriers, which stall when ctest runs another case on the other
+  // core (38 s there against 1.4 s alone with two threads).
+  struct OneThread {
+    OneThread() : previous(at::get_num_threads()) { at::set_num_threads(1); }
+    ~OneThread() { at::set_num_threads(previous); }
+    int previous;
+  } one_thread;
   ModelConfig config = test::tiny_vit(/*img=*/16, /*patch=*/4, /*in_chans=*/1, /*num_classes=*/2, /*embed_dim=*/64,
                                       /*depth=*/2, /*num_heads=*/4, /*mlp_ratio=*/2.0);
   torch::manual_seed(7);
