@@ -181,7 +181,7 @@ TEST(Precision, ModelsOfTheFamilyStayCloseToFloat32) {
 }
 
 // A trained model, not only random weights: 200 AdamW steps fit 128 images of two bright-square classes; int8 and bf16
-// logits against float32 on those and on 64 new ones (cosine >= 0.999), every prediction the same.
+// logits against float32 on those and on 512 new ones: cosine >= 0.999, top-1 agreement >= 99%.
 TEST(Precision, ATrainedModelStaysCloseToFloat32) {
   SKIP_UNLESS_RUNS(Precision::int8);
   // One thread: 200 small steps are mostly OpenMP barriers, which stall when ctest runs another case on the other
@@ -216,7 +216,7 @@ TEST(Precision, ATrainedModelStaysCloseToFloat32) {
     optimizer.step(1e-3);
   }
   net->eval();
-  const auto [new_images, new_labels] = make(64);
+  const auto [new_images, new_labels] = make(512);
   const auto images = torch::cat({train_images, new_images});
   torch::NoGradGuard no_grad;
   const auto reference = net->forward(images);
@@ -232,7 +232,7 @@ TEST(Precision, ATrainedModelStaysCloseToFloat32) {
                 accuracy, name_of(precision), cosine(logits, reference),
                 test::max_abs_diff(logits.softmax(-1), reference.softmax(-1)), agree);
     EXPECT_GE(cosine(logits, reference), 0.999);
-    EXPECT_EQ(agree, 100.0);
+    EXPECT_GE(agree, 99.0);  // issue 34's bound: an image on the decision boundary may flip (one in 192 did)
     net->set_precision(Precision::fp32);
   }
 }
