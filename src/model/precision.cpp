@@ -38,7 +38,7 @@ bool cpu_has(const char* feature) {
   return false;
 }
 
-bool cpu_has_bf16() { return cpu_has("avx512bf16") || cpu_has("amx-bf16"); }
+[[maybe_unused]] bool cpu_has_bf16() { return cpu_has("avx512bf16") || cpu_has("amx-bf16"); }  // unused without oneDNN
 
 }  // namespace
 
@@ -131,20 +131,6 @@ PackedLinear::PackedLinear(const torch::Tensor& weight, const torch::Tensor& bia
   s.make_matmul();
 }
 
-PackedLinear::PackedLinear(const torch::Tensor& weight_int8, const torch::Tensor& scales, const torch::Tensor& bias)
-    : state_(std::make_unique<State>()) {
-  TORCH_CHECK(weight_int8.dim() == 2 && weight_int8.scalar_type() == torch::kChar,
-              "PackedLinear: int8 weight must be (N, K) int8, got ", weight_int8.sizes(), " ", weight_int8.dtype());
-  TORCH_CHECK(scales.dim() == 1 && scales.size(0) == weight_int8.size(0), "PackedLinear: scales must be (N)");
-  auto& s = *state_;
-  s.precision = Precision::int8;
-  s.N = weight_int8.size(0), s.K = weight_int8.size(1);
-  s.weight = weight_int8.detach().cpu().contiguous();
-  s.scales = scales.detach().to(torch::kCPU, torch::kFloat).contiguous();
-  if (bias.defined()) s.bias = bias.detach().to(torch::kCPU, torch::kFloat).contiguous();
-  s.make_matmul();
-}
-
 PackedLinear::~PackedLinear() = default;
 
 Precision PackedLinear::precision() const { return state_->precision; }
@@ -199,9 +185,6 @@ struct PackedLinear::State {};
 
 PackedLinear::PackedLinear(const torch::Tensor&, const torch::Tensor&, Precision precision) {
   throw std::invalid_argument(precision_refusal(precision, torch::kCPU));
-}
-PackedLinear::PackedLinear(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
-  throw std::invalid_argument(precision_refusal(Precision::int8, torch::kCPU));
 }
 PackedLinear::~PackedLinear() = default;
 Precision PackedLinear::precision() const { return Precision::fp32; }

@@ -40,8 +40,6 @@ class PackedLinear {
  public:
   // From a float32 weight (N, K) and bias (N) or undefined; Precision::int8 or Precision::bf16.
   PackedLinear(const torch::Tensor& weight, const torch::Tensor& bias, Precision precision);
-  // From weights already quantized by quantize_weight_int8: q (N, K) int8, scales (N) float32.
-  PackedLinear(const torch::Tensor& weight_int8, const torch::Tensor& scales, const torch::Tensor& bias);
   ~PackedLinear();
   PackedLinear(const PackedLinear&) = delete;
   PackedLinear& operator=(const PackedLinear&) = delete;
