@@ -2,8 +2,6 @@
 // own coordinates), and park them in a reorder buffer that next() drains in order.
 #include "data/loader.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -20,6 +18,7 @@
 #include <torch/torch.h>
 
 #include "util/log.h"
+#include "util/runtime.h"
 
 namespace vit {
 namespace {
@@ -31,16 +30,6 @@ struct Slot {
   Batch batch;
   std::exception_ptr error;
 };
-
-// Keeps a worker's own torch calls (a resize) from starting a whole OpenMP team per worker beside the training
-// thread's. at::set_num_threads would change the process-wide count, but OpenMP's count belongs to the calling
-// thread, so it is set here directly; libtorch has already loaded libgomp, and dlsym spares us linking it. Without
-// OpenMP the symbol is absent and this does nothing.
-void use_one_intra_op_thread_here() {
-  at::get_num_threads();  // torch's lazy per-thread init, which would otherwise reset the count on first use
-  using SetNumThreads = void (*)(int);
-  if (const auto set = reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) set(1);
-}
 
 // "<source>: <message>", unless the message already starts with the source.
 std::string with_source(const std::string& source, const std::string& message) {
@@ -187,7 +176,7 @@ struct Loader::State {
   }
 
   void work() {
-    use_one_intra_op_thread_here();
+    use_one_intra_op_thread();
     std::unique_lock<std::mutex> lock(mutex);
     for (;;) {
       work_ready.wait(lock, [&] {

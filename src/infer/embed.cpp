@@ -105,22 +105,41 @@ void check_embed_options(const ModelConfig& model, const EmbedOptions& options, 
   }
 }
 
+std::vector<std::string> embedding_output_names(const EmbedOptions& options) {
+  if (options.layers.empty()) return {"features"};
+  std::vector<std::string> names;
+  for (const int64_t layer : options.layers) names.push_back(std::string("block_") + std::to_string(layer));
+  return names;
+}
+
+EmbeddedBatch embed_batch(VisionTransformer& net, const torch::Tensor& input, const EmbedOptions& options) {
+  const int64_t prefix = net->num_prefix_tokens();
+  const EmbedPool block_pool = options.pool.value_or(default_block_pool(net->config()));
+  Capture capture;
+  capture.block_outputs = !options.layers.empty();
+  const auto tokens = net->forward_features(input, {}, capture.block_outputs ? &capture : nullptr);  // (b, N, D)
+  const auto pooled = net->forward_head(tokens, /*pre_logits=*/true);                               // (b, D)
+  EmbeddedBatch out;
+  if (options.layers.empty()) {
+    out.outputs.push_back(options.pool ? pool_tokens(tokens, *options.pool, prefix) : pooled);
+  } else {
+    for (const int64_t layer : options.layers) {
+      out.outputs.push_back(pool_tokens(capture.outputs[layer], block_pool, prefix));
+    }
+  }
+  for (auto& rows : out.outputs) rows = rows.to(torch::kCPU, torch::kFloat32).contiguous();
+  if (net->head) out.predicted = net->head->forward(pooled).argmax(-1).to(torch::kCPU).contiguous();
+  return out;
+}
+
 Embeddings embed_images(LoadedModel& model, const std::vector<std::string>& paths, const EmbedOptions& options,
                         const EmbedSink& on_batch) {
   check_embed_options(model.model, options, model.path);
   VisionTransformer& net = model.net;
   const torch::Device device = net->parameters().front().device();
-  const int64_t prefix = net->num_prefix_tokens();
-  const EmbedPool block_pool = options.pool.value_or(default_block_pool(model.model));
 
   Embeddings result;
-  if (options.layers.empty()) {
-    result.outputs.emplace_back("features", torch::Tensor());
-  } else {
-    for (const int64_t layer : options.layers) {
-      result.outputs.emplace_back(std::string("block_") + std::to_string(layer), torch::Tensor());
-    }
-  }
+  for (auto& name : embedding_output_names(options)) result.outputs.emplace_back(std::move(name), torch::Tensor());
   std::vector<std::vector<torch::Tensor>> chunks(result.outputs.size());  // per output, per batch: (b, ...) rows
   int64_t rows = 0;
 
@@ -137,29 +156,13 @@ Embeddings embed_images(LoadedModel& model, const std::vector<std::string>& path
         torch::Tensor input = stack_inputs(images);  // (b, C, H, W): the images that decoded
         if (input.defined()) {
           if (device.is_cuda()) input = input.pin_memory().to(device, /*non_blocking=*/true);
-          Capture capture;
-          capture.block_outputs = !options.layers.empty();
-          const auto tokens =
-              net->forward_features(input, {}, capture.block_outputs ? &capture : nullptr);  // (b, N, D)
-          const auto pooled = net->forward_head(tokens, /*pre_logits=*/true);                                  // (b, D)
-          std::vector<torch::Tensor> features;
-          if (options.layers.empty()) {
-            features.push_back(options.pool ? pool_tokens(tokens, *options.pool, prefix) : pooled);
-          } else {
-            for (const int64_t layer : options.layers) {
-              features.push_back(pool_tokens(capture.outputs[layer], block_pool, prefix));
-            }
-          }
-          for (size_t k = 0; k < features.size(); ++k) {
-            chunks[k].push_back(features[k].to(torch::kCPU, torch::kFloat32).contiguous());
-          }
-          torch::Tensor predicted;  // (b) int64
-          if (net->head) predicted = net->head->forward(pooled).argmax(-1).to(torch::kCPU).contiguous();
+          EmbeddedBatch features = embed_batch(net, input, options);
+          for (size_t k = 0; k < features.outputs.size(); ++k) chunks[k].push_back(std::move(features.outputs[k]));
           int64_t row = 0;
           for (size_t i = 0; i < images.size(); ++i) {
             if (!images[i].ok()) continue;
             batch[i].row = rows + row;
-            if (predicted.defined()) batch[i].predicted = predicted[row].item<int64_t>();
+            if (features.predicted.defined()) batch[i].predicted = features.predicted[row].item<int64_t>();
             ++row;
           }
           rows += row;

@@ -66,6 +66,18 @@ EmbedPool default_block_pool(const ModelConfig& model);
 // EmbedPool::cls without a class token, a non-positive batch size.
 void check_embed_options(const ModelConfig& model, const EmbedOptions& options, const std::string& model_name);
 
+// The stems of embed's outputs in order: "features", or "block_<i>" per layer in the order given.
+std::vector<std::string> embedding_output_names(const EmbedOptions& options);
+
+// One batch's features (options' layers and pool; its batch size and limits unused).
+struct EmbeddedBatch {
+  std::vector<torch::Tensor> outputs;  // per embedding_output_names entry: (b, D) or (b, N, D), float32 on the CPU
+  torch::Tensor predicted;             // (b) int64 top-1 class on the CPU; undefined when the model has no head
+};
+// `input` (b, C, H, W) on the model's device through `net` (in eval and inference mode), as embed_images does it
+// for each of its batches. options must have passed check_embed_options.
+EmbeddedBatch embed_batch(VisionTransformer& net, const torch::Tensor& input, const EmbedOptions& options);
+
 // The features of `paths` (e.g. from expand_image_inputs), batch by batch, with `model` on its device in eval mode;
 // inference mode, the next batch decoded while the current one runs on a GPU. An image that fails to decode gets its
 // error and no row, never a throw. All rows are held in memory until the end.

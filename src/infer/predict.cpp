@@ -2,6 +2,7 @@
 #include "infer/predict.h"
 
 #include <stdexcept>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -21,27 +22,39 @@ std::vector<Prediction> classify(LoadedModel& model, const std::vector<PreparedI
   torch::Tensor input = stack_inputs(images);  // (B, C, H, W)
   if (!input.defined()) return batch;
   if (device.is_cuda()) input = input.pin_memory().to(device, /*non_blocking=*/true);
-  const auto logits = model.net->forward(input).to(torch::kCPU, torch::kFloat32).contiguous();  // (B, K)
-  const auto [top_p, top_i] = logits.softmax(-1).topk(topk, -1);                                // (B, topk)
-  const auto probs = top_p.contiguous();
-  const auto indices = top_i.contiguous();
-  const int64_t classes = logits.size(1);
-  int64_t row = 0;
+  auto rows = predictions_from_logits(model.net->forward(input), topk);
+  size_t row = 0;
   for (size_t i = 0; i < images.size(); ++i) {
     if (!images[i].ok()) continue;
-    Prediction& prediction = batch[i];
+    Prediction& scored = rows[row++];
+    batch[i].top_index = std::move(scored.top_index);
+    batch[i].top_prob = std::move(scored.top_prob);
+    batch[i].logits = std::move(scored.logits);
+  }
+  return batch;
+}
+
+}  // namespace
+
+std::vector<Prediction> predictions_from_logits(const torch::Tensor& model_logits, int64_t topk) {
+  const auto logits = model_logits.to(torch::kCPU, torch::kFloat32).contiguous();  // (B, K)
+  const int64_t classes = logits.size(1);
+  topk = std::min(topk, classes);
+  const auto [top_p, top_i] = logits.softmax(-1).topk(topk, -1);  // (B, topk)
+  const auto probs = top_p.contiguous();
+  const auto indices = top_i.contiguous();
+  std::vector<Prediction> out(static_cast<size_t>(logits.size(0)));
+  for (int64_t row = 0; row < logits.size(0); ++row) {
+    Prediction& prediction = out[row];
     const float* p = probs.data_ptr<float>() + row * topk;
     const int64_t* index = indices.data_ptr<int64_t>() + row * topk;
     const float* l = logits.data_ptr<float>() + row * classes;
     prediction.top_prob.assign(p, p + topk);
     prediction.top_index.assign(index, index + topk);
     prediction.logits.assign(l, l + classes);
-    ++row;
   }
-  return batch;
+  return out;
 }
-
-}  // namespace
 
 void predict_images(LoadedModel& model, const std::vector<std::string>& paths, const PredictOptions& options,
                     const PredictionSink& on_batch) {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/types.h>
+
 #include "data/image.h"
 #include "io/model_file.h"
 
@@ -29,6 +31,10 @@ struct Prediction {
 
 // Called once per batch, in order; a batch's predictions are in input order.
 using PredictionSink = std::function<void(const std::vector<Prediction>& batch)>;
+
+// Each row of `logits` (B, K; any device and float type) as predict reports it: softmax probabilities of the top-k
+// classes (topk capped at K), most probable first, and the float32 row itself; paths and errors left empty.
+std::vector<Prediction> predictions_from_logits(const torch::Tensor& logits, int64_t topk);
 
 // Classifies `paths` (image files, e.g. from expand_image_inputs) with `model`, which must be on its device and in
 // eval mode; runs in inference mode. Throws std::invalid_argument for a non-positive topk or batch_size; an image

@@ -1,6 +1,8 @@
 // Process-wide runtime settings: libtorch thread pools, device selection by name, peak memory.
 #include "util/runtime.h"
 
+#include <dlfcn.h>
+
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
@@ -48,6 +50,13 @@ int configure_threads(int threads) {
     }
   });
   return count;
+}
+
+void use_one_intra_op_thread() {
+  at::get_num_threads();  // torch's lazy per-thread init, which would otherwise reset the count on first use
+  // libtorch has already loaded libgomp; dlsym spares us linking it. Without OpenMP the symbol is absent.
+  using SetNumThreads = void (*)(int);
+  if (const auto set = reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) set(1);
 }
 
 torch::Device resolve_device(const std::string& name) {
