@@ -24,5 +24,6 @@ void setup_export_attention(CLI::App& app, int& status);
 void setup_bench(CLI::App& app, int& status);
 void setup_launch(CLI::App& app, int& status);
 void setup_export(CLI::App& app, int& status);
+void setup_serve(CLI::App& app, int& status);
 
 }  // namespace vit::app

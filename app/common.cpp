@@ -192,10 +192,14 @@ LoadedModel load_image_model(const ImageModelArgs& args) {
   return model;
 }
 
-std::vector<std::string> start_image_run(LoadedModel& model, const ImageModelArgs& args) {
+void start_model(LoadedModel& model, const ImageModelArgs& args) {
   model.net->to(resolve_device(args.device));
   model.net->eval();
   apply_precision(model, args.precision);
+}
+
+std::vector<std::string> start_image_run(LoadedModel& model, const ImageModelArgs& args) {
+  start_model(model, args);
   return expand_image_inputs(args.inputs);
 }
 

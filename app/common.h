@@ -85,7 +85,9 @@ struct ImageModelArgs {
 void add_image_model_args(CLI::App* command, ImageModelArgs& args);
 // Threads set, the model loaded (--checkpoint, --config) and run at --img-size: ready for a command's own checks.
 LoadedModel load_image_model(const ImageModelArgs& args);
-// The model moved to --device, in eval mode, in --precision; returns the image files to run (folders searched).
+// The model moved to --device, in eval mode, in --precision.
+void start_model(LoadedModel& model, const ImageModelArgs& args);
+// start_model, then the image files to run (folders searched).
 std::vector<std::string> start_image_run(LoadedModel& model, const ImageModelArgs& args);
 // For a command that reads images in a build without OpenCV.
 [[noreturn]] void needs_opencv(const std::string& command);

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   setup_info(app, status);
   setup_bench(app, status);
   setup_launch(app, status);
+  setup_serve(app, status);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

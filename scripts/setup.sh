@@ -20,7 +20,8 @@ torch_version=${VIT_TORCH_VERSION:-2.14.1}
 
 packages=(cmake g++ make ninja-build pkg-config libopenblas0-openmp libdnnl-dev libopencv-dev libcli11-dev libspdlog-dev
           nlohmann-json3-dev libgtest-dev googletest zlib1g-dev dataset-fashion-mnist libgloo-dev
-          python3 python3-numpy libprotobuf-dev protobuf-compiler libonnx-dev libarchive-dev libjpeg-dev)
+          python3 python3-numpy libprotobuf-dev protobuf-compiler libonnx-dev libarchive-dev libjpeg-dev
+          libcpp-httplib-dev)
 # Test-only extras: Chromium renders the attention gallery page; the reference libraries (timm, transformers, onnx,
 # onnxruntime) and PyTorch 2.x, also scripts/bench.sh's speed baselines, come from PyPI into the project's virtual
 # environment.
@@ -28,6 +29,13 @@ extras=0
 [[ "${VIT_SETUP_TEST_EXTRAS:-0}" == 1 ]] && extras=1
 if ((extras)); then
   packages+=(chromium python3-venv)
+fi
+# Serving benchmark extras (scripts/bench_serve.py): wrk drives the HTTP load; FastAPI and uvicorn from PyPI serve the
+# other side, timm's model in the same virtual environment, so this switch also installs the test extras' PyPI part.
+bench_extras=0
+if [[ "${VIT_SETUP_BENCH_EXTRAS:-0}" == 1 ]]; then
+  bench_extras=1 extras=1
+  packages+=(wrk python3-venv)
 fi
 # Sanitizer and fuzzing builds (scripts/sanitize.sh, scripts/fuzz.sh): clang with its ASan/UBSan/libFuzzer runtimes,
 # and llvm-symbolizer for readable reports.
@@ -37,6 +45,11 @@ fi
 # The reference libraries the interoperability tests compare with, at the versions they were checked against.
 reference_packages=(timm==1.0.31 transformers==5.24.0 safetensors==0.8.0 onnx==1.23.2 onnxruntime==1.32.0
                     numpy==2.4.6 pillow==13.0.0)
+# The serving benchmark's FastAPI side: the newest releases on PyPI when checked, installed and run with Debian 12's
+# Python 3.11 (fastapi 0.165.0 brings starlette 1.10 and pydantic 2.14). uvicorn without [standard]: asyncio and h11, as
+# `pip install fastapi uvicorn` gives. python-multipart is what FastAPI's file uploads need (the benchmark posts raw
+# bodies, but a user's server usually has it).
+serve_packages=(fastapi==0.165.0 uvicorn==0.55.0 python-multipart==0.0.34)
 case "$libtorch" in
   debian)
     if [[ -z "${Torch_DIR:-}" && "${CMAKE_PREFIX_PATH:-}" != *orch* ]]; then
@@ -92,5 +105,16 @@ for spec in sys.argv[1:]:
   else
     echo "setup: installing ${reference_packages[*]} into $venv"
     pip_install "${reference_packages[@]}" || echo "setup: WARNING: PyPI unreachable? reference libraries not installed; the tests that compare with them will skip" >&2
+  fi
+fi
+if ((bench_extras)); then
+  if "$venv/bin/python" -c 'import importlib.metadata as m, sys
+for spec in sys.argv[1:]:
+    name, version = spec.split("==")
+    if m.version(name) != version: sys.exit(1)' "${serve_packages[@]}" 2>/dev/null; then
+    echo "setup: serving benchmark libraries present in $venv"
+  else
+    echo "setup: installing ${serve_packages[*]} into $venv"
+    pip_install "${serve_packages[@]}" || echo "setup: WARNING: PyPI unreachable? FastAPI and uvicorn not installed; scripts/bench_serve.py will stop" >&2
   fi
 fi

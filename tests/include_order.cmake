@@ -3,9 +3,9 @@
 # rollout is core too and includes only core headers. Run by ctest as IncludeOrder:
 #   cmake -DSRC=<source>/src -P tests/include_order.cmake
 # It fails naming each file and the include that runs back up the order.
-set(order util config model data io train export bench launch image infer explain)
+set(order util config model data io train export bench launch image infer explain serve)
 set(core_in_vision explain/rollout.h explain/rollout.cpp)  # core files inside a vision folder
-set(vision_folders image infer explain)
+set(vision_folders image infer explain serve)
 if(NOT SRC)
   message(FATAL_ERROR "include_order.cmake: pass -DSRC=<source dir>/src")
 endif()

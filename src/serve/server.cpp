@@ -1,0 +1,658 @@
+// The HTTP side of `vit serve` on Debian's cpp-httplib 0.11 (thread per connection): request checks, bodies read
+// under a deadline, images decoded on the connection's thread, the model run by the batcher, answers as JSON (or
+// .npy), metrics, and a shutdown that answers every request already read.
+#include "serve/server.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <httplib.h>  // with the compile definitions Debian's library was built with (CMakeLists.txt)
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "config/config.h"
+#include "image/decode.h"
+#include "infer/embed.h"
+#include "infer/predict.h"
+#include "io/npy.h"
+#include "serve/metrics.h"
+#include "util/log.h"
+#include "util/runtime.h"
+#include "util/text.h"
+
+namespace vit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A request refused or failed: its HTTP status and the one-line reason sent back as {"error": ...}.
+struct HttpError : std::runtime_error {
+  int status;
+  HttpError(int code, const std::string& message) : std::runtime_error(message), status(code) {}
+};
+
+const char* kClassify = "/v1/classify";
+const char* kEmbed = "/v1/embed";
+const char* kModel = "/v1/model";
+
+// The metrics label of a path: the server's own paths, anything else "other" (a client cannot add labels).
+std::string endpoint_label(const std::string& path) {
+  for (const char* known : {kClassify, kEmbed, kModel, "/healthz", "/readyz", "/metrics"}) {
+    if (path == known) return known;
+  }
+  return "other";
+}
+
+std::string json_text(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // class names may not be UTF-8
+}
+
+void send_error(httplib::Response& res, int status, const std::string& message) {
+  res.status = status;
+  res.set_content(json_text({{"error", printable(message)}}), "application/json");
+  if (status == 503) res.set_header("Retry-After", "1");
+}
+
+// Equal keys, in a time that depends on the expected key's length only, never on where a guess first differs.
+bool same_key(const std::string& given, const std::string& key) {
+  volatile unsigned char difference = given.size() == key.size() ? 0 : 1;
+  for (size_t i = 0; i < key.size(); ++i) {
+    const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+    difference = difference | (g ^ static_cast<unsigned char>(key[i]));
+  }
+  return difference == 0;
+}
+
+// The media type of a Content-Type value, lower case, without parameters.
+std::string media_type(const std::string& content_type) {
+  std::string type = content_type.substr(0, content_type.find(';'));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.pop_back();
+  for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return type;
+}
+
+bool is_image_type(const std::string& type) {
+  return type.rfind("image/", 0) == 0 || type == "application/octet-stream";
+}
+
+// A query parameter as a whole number in [low, high]; `fallback` when absent.
+int64_t int_param(const httplib::Request& req, const std::string& name, int64_t fallback, int64_t low, int64_t high) {
+  if (!req.has_param(name)) return fallback;
+  const std::string text = req.get_param_value(name);
+  if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoll(text) < low || std::stoll(text) > high) {
+    throw HttpError(400, name + "=" + text + " is not a whole number in " + std::to_string(low) + ".." +
+                             std::to_string(high));
+  }
+  return std::stoll(text);
+}
+
+bool flag_param(const httplib::Request& req, const std::string& name) {
+  if (!req.has_param(name)) return false;
+  const std::string text = req.get_param_value(name);
+  if (text == "1" || text == "true" || text.empty()) return true;
+  if (text == "0" || text == "false") return false;
+  throw HttpError(400, name + "=" + text + " is not 1, true, 0 or false");
+}
+
+void check_params(const httplib::Request& req, std::initializer_list<const char*> known) {
+  for (const auto& [name, value] : req.params) {
+    bool ok = false;
+    std::string names;
+    for (const char* k : known) {
+      ok = ok || name == k;
+      names += names.empty() ? k : std::string(", ") + k;
+    }
+    if (!ok) throw HttpError(400, "unknown query parameter '" + name + "' (known: " + names + ")");
+  }
+}
+
+// Rows (n, ...) of a float tensor as JSON numbers: a list per row, nested for (n, N, D).
+nlohmann::json rows_json(const torch::Tensor& rows, int64_t row) {
+  const torch::Tensor r = rows[row].contiguous();
+  const float* data = r.data_ptr<float>();
+  if (r.dim() == 1) return std::vector<float>(data, data + r.numel());
+  nlohmann::json out = nlohmann::json::array();
+  const int64_t width = r.size(-1);
+  for (int64_t i = 0; i < r.numel() / width; ++i) out.push_back(std::vector<float>(data + i * width, data + (i + 1) * width));
+  return out;
+}
+
+struct Upload {
+  std::string name;   // the form's file name (or field name); "body" for a raw body. Only ever echoed back.
+  std::string bytes;  // the encoded image
+};
+
+// What an image endpoint does with its request's images: the batch key (requests with the same key share forward
+// passes), the batch's run, and the answer from this request's rows of the outputs.
+struct ImageEndpoint {
+  std::string key;
+  Batcher::Run run;
+  std::function<void(const std::vector<std::string>& names, const std::vector<torch::Tensor>& outputs,
+                     const httplib::Request& req, httplib::Response& res)>
+      respond;
+};
+
+// Per connection thread: when the request it is serving was read (its metrics and counts happen at its answer).
+thread_local std::optional<Clock::time_point> t_request_start;
+
+}  // namespace
+
+struct Server::Impl {
+  LoadedModel& model;
+  ServeOptions options;
+  torch::Device device;
+  ServeMetrics metrics;
+  Batcher batcher;
+  Normalizer normalizer;
+  httplib::Server http;
+  std::thread listener;
+  std::atomic<bool> listening{false}, listen_done{false}, ready{false};
+  std::atomic<int64_t> read_count{0}, answered_count{0};
+  int port = 0;
+  int listen_socket = -1;
+  std::once_flag stopped;
+
+  Impl(LoadedModel& loaded, ServeOptions opts)
+      : model(loaded),
+        options(std::move(opts)),
+        device(model.net->parameters().front().device()),
+        batcher(options.batching, [this](int64_t images, double seconds) { metrics.batch(images, seconds); }),
+        normalizer(model.preprocess, model.model.in_chans) {
+    if (options.max_body_bytes <= 0 || options.timeout_s <= 0) {
+      throw std::invalid_argument("serve: --max-body-mb and --timeout-s must be positive");
+    }
+    routes();
+  }
+
+  torch::Tensor on_device(const torch::Tensor& inputs) const {
+    return device.is_cuda() ? inputs.pin_memory().to(device, /*non_blocking=*/true) : inputs;
+  }
+
+  void check_key(const httplib::Request& req) const {
+    if (options.api_key.empty()) return;
+    std::string given = req.get_header_value("X-API-Key");
+    const std::string authorization = req.get_header_value("Authorization");
+    if (authorization.rfind("Bearer ", 0) == 0) given = authorization.substr(7);
+    if (given.empty()) throw HttpError(401, "this server needs an API key: Authorization: Bearer KEY or X-API-Key");
+    if (!same_key(given, options.api_key)) throw HttpError(401, "wrong API key");
+  }
+
+  // Throws HttpError for what can be refused from the headers alone: key, readiness, length, content type.
+  void check_image_request(const httplib::Request& req) const {
+    check_key(req);
+    if (!ready) throw HttpError(503, "the model is still warming up");
+    const bool chunked = media_type(req.get_header_value("Transfer-Encoding")) == "chunked";
+    if (!chunked && !req.has_header("Content-Length")) {
+      throw HttpError(411, "a request body needs a Content-Length (or chunked transfer encoding)");
+    }
+    if (req.has_header("Content-Length") &&
+        req.get_header_value<uint64_t>("Content-Length") > static_cast<uint64_t>(options.max_body_bytes)) {
+      throw HttpError(413, "the body of " + req.get_header_value("Content-Length") + " bytes is over --max-body-mb (" +
+                               std::to_string(options.max_body_bytes >> 20) + " MiB)");
+    }
+    if (req.is_multipart_form_data()) return;
+    const std::string type = media_type(req.get_header_value("Content-Type"));
+    if (!is_image_type(type)) {
+      throw HttpError(415, "Content-Type " + (type.empty() ? std::string("(none)") : type) +
+                               " is not an image: send one image as image/jpeg, image/png, ... (curl: -H "
+                               "'Content-Type: image/jpeg' --data-binary @FILE), or files as multipart/form-data "
+                               "(curl -F image=@FILE)");
+    }
+  }
+
+  // Reads and drops the body of a refused request, so that its connection stays usable; a body over the limit is
+  // not read (the connection closes instead).
+  void drain(const httplib::Request& req, const httplib::ContentReader& reader, httplib::Response& res) const {
+    const bool small = req.has_header("Content-Length") &&
+                       req.get_header_value<uint64_t>("Content-Length") <=
+                           static_cast<uint64_t>(options.max_body_bytes);
+    if (!small) {
+      res.set_header("Connection", "close");
+      return;
+    }
+    const auto deadline = Clock::now() + std::chrono::seconds(options.timeout_s);
+    auto drop = [&](const char*, size_t) { return Clock::now() < deadline; };
+    const int status = res.status;
+    const bool whole = req.is_multipart_form_data()
+                           ? reader([](const httplib::MultipartFormData&) { return true; }, drop)
+                           : reader(drop);
+    if (!whole) res.set_header("Connection", "close");
+    res.status = status;
+  }
+
+  std::vector<Upload> read_uploads(const httplib::Request& req, const httplib::ContentReader& reader,
+                                   httplib::Response& res) const {
+    const auto deadline = Clock::now() + std::chrono::seconds(options.timeout_s);
+    std::vector<Upload> uploads;
+    int64_t total = 0;
+    std::optional<HttpError> failure;
+    auto take = [&](const char* data, size_t n) {
+      total += static_cast<int64_t>(n);
+      if (total > options.max_body_bytes) {
+        failure.emplace(413, "the body is over --max-body-mb (" + std::to_string(options.max_body_bytes >> 20) +
+                                 " MiB)");
+      } else if (Clock::now() > deadline) {
+        failure.emplace(408, "the body did not arrive within --timeout-s (" + std::to_string(options.timeout_s) +
+                                 " s)");
+      } else if (uploads.empty()) {
+        failure.emplace(400, "form data before the first part");
+      }
+      if (failure) return false;
+      uploads.back().bytes.append(data, n);
+      return true;
+    };
+    bool whole = false;
+    if (req.is_multipart_form_data()) {
+      whole = reader(
+          [&](const httplib::MultipartFormData& part) {
+            if (part.filename.empty() && !is_image_type(media_type(part.content_type))) {
+              failure.emplace(400, "form field '" + part.name +
+                                       "' holds no file: send images as files (curl -F image=@FILE)");
+              return false;
+            }
+            uploads.push_back({part.filename.empty() ? part.name : part.filename, {}});
+            return true;
+          },
+          take);
+    } else {
+      uploads.push_back({"body", {}});
+      whole = reader(take);
+    }
+    if (!whole) {
+      res.set_header("Connection", "close");  // the rest of a body cut short cannot be told from a next request
+      if (failure) throw *failure;
+      if (res.status == 413) throw HttpError(413, "the body is over --max-body-mb");
+      const std::string why = "ended before its Content-Length, or nothing arrived for --timeout-s (" +
+                              std::to_string(options.timeout_s) + " s)";
+      throw HttpError(400, req.is_multipart_form_data() ? "the multipart form is malformed, or the body " + why
+                                                        : "the body " + why);
+    }
+    if (uploads.empty()) throw HttpError(400, "the form holds no file: send images as files (curl -F image=@FILE)");
+    for (const auto& upload : uploads) {
+      if (upload.bytes.empty()) throw HttpError(400, printable(upload.name) + ": empty: no image was sent");
+    }
+    return uploads;
+  }
+
+  // An uploaded image to the model's input, on the batcher's intra-op threads (serve/batcher.h).
+  torch::Tensor prepare(const BatchItem& item) {
+    const auto start = Clock::now();
+    ImageLimits limits = options.limits;
+    limits.max_file_bytes = options.max_body_bytes;
+    const RawImage raw = decode_image_bytes(item.bytes, item.name, limits);
+    torch::Tensor input = preprocess(raw, model.preprocess, normalizer, model.model.img_h, model.model.img_w);
+    metrics.decode(std::chrono::duration<double>(Clock::now() - start).count());
+    return input;
+  }
+
+  void post_images(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                   const std::function<ImageEndpoint()>& endpoint_of) {
+    // This thread's own torch calls (an answer's softmax) stay on it: an OpenMP team of its own would be a second
+    // pool beside the model's (serve/batcher.h).
+    static thread_local bool one_thread = (use_one_intra_op_thread(), true);
+    (void)one_thread;
+    c10::InferenceMode inference;
+    ImageEndpoint endpoint;
+    Batcher::Ticket ticket;
+    try {
+      check_image_request(req);
+      endpoint = endpoint_of();
+      try {
+        ticket = batcher.admit();
+      } catch (const QueueFull& e) {
+        throw HttpError(503, e.what());
+      }
+    } catch (const HttpError& e) {
+      send_error(res, e.status, e.what());
+      drain(req, reader, res);
+      return;
+    }
+    try {
+      auto uploads = read_uploads(req, reader, res);
+      std::vector<std::string> names;
+      std::vector<BatchItem> items;
+      for (auto& upload : uploads) {
+        names.push_back(printable(upload.name));
+        items.push_back({std::move(upload.bytes), names.back()});
+      }
+      auto answer = batcher.submit(ticket, endpoint.key, std::move(items),
+                                   [this](const BatchItem& item) { return prepare(item); }, endpoint.run);
+      const auto outputs = answer.get();
+      res.status = 200;
+      endpoint.respond(names, outputs, req, res);
+    } catch (const HttpError& e) {
+      send_error(res, e.status, e.what());
+    } catch (const BadItem& e) {
+      send_error(res, 400, e.what());
+    } catch (const QueueFull& e) {
+      send_error(res, 503, e.what());
+    } catch (const std::exception& e) {
+      log::error(std::string(req.path) + ": " + e.what());
+      send_error(res, 500, e.what());
+    }
+  }
+
+  ImageEndpoint classify_endpoint(const httplib::Request& req) {
+    check_params(req, {"topk", "logits"});
+    const int64_t topk = int_param(req, "topk", 5, 1, 1 << 20);
+    const bool logits = flag_param(req, "logits");
+    ImageEndpoint endpoint;
+    endpoint.key = "classify";
+    endpoint.run = [this](const torch::Tensor& inputs) {
+      return std::vector<torch::Tensor>{model.net->forward(on_device(inputs)).to(torch::kCPU, torch::kFloat32)};
+    };
+    endpoint.respond = [this, topk, logits](const std::vector<std::string>& names,
+                                            const std::vector<torch::Tensor>& outputs, const httplib::Request&,
+                                            httplib::Response& res) {
+      const auto rows = predictions_from_logits(outputs[0], topk);
+      nlohmann::json answer = nlohmann::json::array();
+      for (size_t i = 0; i < rows.size(); ++i) {
+        nlohmann::json top = nlohmann::json::array();
+        for (size_t k = 0; k < rows[i].top_index.size(); ++k) {
+          const int64_t index = rows[i].top_index[k];
+          top.push_back({{"index", index}, {"label", model.class_names[index]}, {"prob", rows[i].top_prob[k]}});
+        }
+        nlohmann::json entry{{"image", names[i]}, {"topk", top}};
+        if (logits) entry["logits"] = rows[i].logits;
+        answer.push_back(entry);
+      }
+      res.set_content(json_text(answer), "application/json");
+    };
+    return endpoint;
+  }
+
+  ImageEndpoint embed_endpoint(const httplib::Request& req) {
+    check_params(req, {"layers", "pool"});
+    EmbedOptions embed;
+    try {
+      if (req.has_param("layers")) embed.layers = parse_block_indices(req.get_param_value("layers"), model.model.depth, "layers");
+      if (req.has_param("pool")) {
+        const auto pool = enum_from_name<EmbedPool>(req.get_param_value("pool"));
+        if (!pool) throw std::invalid_argument("pool=" + req.get_param_value("pool") + " is not cls, avg or none");
+        embed.pool = *pool;
+      }
+      check_embed_options(model.model, embed, "the model");
+    } catch (const std::invalid_argument& e) {
+      throw HttpError(400, e.what());
+    }
+    ImageEndpoint endpoint;
+    endpoint.key = "embed " + req.get_param_value("layers") + " " + (embed.pool ? name_of(*embed.pool) : "");
+    endpoint.run = [this, embed](const torch::Tensor& inputs) {
+      EmbeddedBatch batch = embed_batch(model.net, on_device(inputs), embed);
+      batch.outputs.push_back(batch.predicted);  // last: the top-1 class (undefined without a head)
+      return batch.outputs;
+    };
+    endpoint.respond = [this, embed](const std::vector<std::string>& images, const std::vector<torch::Tensor>& outputs,
+                                     const httplib::Request& req, httplib::Response& res) {
+      const auto names = embedding_output_names(embed);
+      if (media_type(req.get_header_value("Accept")) == "application/x-npy") {
+        // One output as it is; several layers stacked as (layers, images, ...), named in X-Vit-Outputs.
+        std::vector<torch::Tensor> arrays(outputs.begin(), outputs.begin() + static_cast<int64_t>(names.size()));
+        const auto array = arrays.size() == 1 ? arrays.front() : torch::stack(arrays);
+        std::string joined;
+        for (const auto& name : names) joined += (joined.empty() ? "" : ",") + name;
+        res.set_header("X-Vit-Outputs", joined);
+        res.set_content(npy_bytes(array), "application/x-npy");
+        return;
+      }
+      const torch::Tensor& predicted = outputs.back();
+      nlohmann::json answer = nlohmann::json::array();
+      for (size_t i = 0; i < images.size(); ++i) {
+        nlohmann::json entry{{"image", images[i]}};
+        if (predicted.defined()) {
+          const int64_t index = predicted[static_cast<int64_t>(i)].item<int64_t>();
+          entry["predicted"] = {{"index", index}, {"label", model.class_names[index]}};
+        }
+        for (size_t k = 0; k < names.size(); ++k) entry[names[k]] = rows_json(outputs[k], static_cast<int64_t>(i));
+        answer.push_back(entry);
+      }
+      res.set_content(json_text(answer), "application/json");
+    };
+    return endpoint;
+  }
+
+  nlohmann::json model_json() const {
+    return {{"source", options.source},
+            {"model", to_json(model.model)},
+            {"preprocess", to_json(model.preprocess)},
+            {"input_size", {model.model.img_h, model.model.img_w}},
+            {"num_classes", model.model.num_classes},
+            {"class_names", model.class_names},
+            {"parameters", count_parameters(*model.net)},
+            {"precision", name_of(model.net->precision())},
+            {"device", device.str()},
+            {"max_batch", options.batching.max_batch}};
+  }
+
+  void routes() {
+    http.set_pre_routing_handler([this](const httplib::Request&, httplib::Response&) {
+      t_request_start = Clock::now();
+      ++read_count;
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      if (!t_request_start) return;  // refused by the library before routing (a malformed request line)
+      metrics.request(endpoint_label(req.path), res.status,
+                      std::chrono::duration<double>(Clock::now() - *t_request_start).count());
+      t_request_start.reset();
+      ++answered_count;
+    });
+    // Refused before the body is sent, for clients that ask first (curl does for bodies over 1 MiB).
+    http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (req.path != kClassify && req.path != kEmbed) return 100;
+      try {
+        check_image_request(req);
+        if (batcher.in_flight() >= options.batching.max_queue) throw HttpError(503, "the server is at capacity");
+      } catch (const HttpError& e) {
+        send_error(res, e.status, e.what());
+        return e.status;
+      }
+      return 100;
+    });
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      std::string message = "HTTP status " + std::to_string(res.status);
+      if (res.status == 400) message = "malformed request";
+      if (res.status == 404) message = "no such endpoint: " + printable(req.path);
+      if (res.status == 413) message = "the body is over --max-body-mb";
+      send_error(res, res.status, message);
+    });
+    http.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr error) {
+      std::string message = "internal error";
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        message = e.what();
+      } catch (...) {
+      }
+      log::error(req.path + ": " + message);
+      send_error(res, 500, message);
+    });
+
+    http.Post(kClassify, [this](const httplib::Request& req, httplib::Response& res,
+                                const httplib::ContentReader& reader) {
+      post_images(req, res, reader, [&] { return classify_endpoint(req); });
+    });
+    http.Post(kEmbed, [this](const httplib::Request& req, httplib::Response& res,
+                             const httplib::ContentReader& reader) {
+      post_images(req, res, reader, [&] { return embed_endpoint(req); });
+    });
+    for (const char* path : {kClassify, kEmbed}) {
+      http.Get(path, [](const httplib::Request&, httplib::Response& res) {
+        res.set_header("Allow", "POST");
+        send_error(res, 405, "this endpoint takes POST with one image or a multipart form of images");
+      });
+    }
+    http.Get(kModel, [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        check_key(req);
+      } catch (const HttpError& e) {
+        return send_error(res, e.status, e.what());
+      }
+      res.set_content(json_text(model_json()), "application/json");
+    });
+    http.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("{\"status\":\"ok\"}", "application/json");
+    });
+    http.Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
+      if (!ready) return send_error(res, 503, "the model is still warming up");
+      res.set_content("{\"status\":\"ready\"}", "application/json");
+    });
+    http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        check_key(req);
+      } catch (const HttpError& e) {
+        return send_error(res, e.status, e.what());
+      }
+      res.set_content(metrics.prometheus(batcher.in_flight(), ready), "text/plain; version=0.0.4");
+    });
+
+    // One thread per connection: enough for every request the queue admits, plus a few to answer 503 beyond it.
+    const auto threads = static_cast<size_t>(options.batching.max_queue + 8);
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
+    http.set_read_timeout(options.timeout_s, 0);
+    http.set_write_timeout(options.timeout_s, 0);
+    http.set_keep_alive_timeout(5);
+    http.set_keep_alive_max_count(1000);
+    http.set_tcp_nodelay(true);  // an answer goes out as soon as it is written, not after the client's delayed ACK
+    // Address reuse after a restart, but never SO_REUSEPORT (the library's default): a second server on the same port
+    // must fail, not silently share it.
+    http.set_socket_options([this](socket_t socket) {
+      int yes = 1;
+      setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket = socket;
+    });
+  }
+};
+
+Server::Server(LoadedModel& model, ServeOptions options) : impl_(std::make_unique<Impl>(model, std::move(options))) {}
+
+Server::~Server() { stop(); }
+
+void Server::start() {
+  Impl& s = *impl_;
+  const std::string address = s.options.host + ":" + std::to_string(s.options.port);
+  errno = 0;
+  if (s.options.port == 0) {
+    s.port = s.http.bind_to_any_port(s.options.host);
+  } else {
+    s.port = s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1;
+  }
+  if (s.port <= 0) {
+    const std::string why = errno ? std::strerror(errno) : "the address cannot be resolved or bound";
+    throw std::runtime_error("cannot listen on " + address + ": " + why);
+  }
+  // The library listens with a backlog of 5; a burst of clients connecting at once would see dropped SYNs (a
+  // 1 s retry each). Listening again on the bound socket only deepens its queue.
+  if (s.listen_socket >= 0) ::listen(s.listen_socket, SOMAXCONN);
+  s.listener = std::thread([&s] {
+    s.http.listen_after_bind();
+    s.listen_done = true;
+  });
+  while (!s.http.is_running() && !s.listen_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+void Server::warm_up() {
+  Impl& s = *impl_;
+  c10::InferenceMode inference;
+  for (const int64_t batch : {int64_t{1}, s.options.batching.max_batch}) {
+    const auto inputs = torch::zeros({batch, s.model.model.in_chans, s.model.model.img_h, s.model.model.img_w});
+    s.model.net->forward(s.on_device(inputs)).to(torch::kCPU);
+  }
+  s.ready = true;
+}
+
+void Server::run() { impl_->batcher.run(); }
+
+int Server::port() const { return impl_->port; }
+bool Server::ready() const { return impl_->ready; }
+int64_t Server::requests_read() const { return impl_->read_count; }
+int64_t Server::requests_answered() const { return impl_->answered_count; }
+
+void Server::stop() {
+  Impl& s = *impl_;
+  std::call_once(s.stopped, [&s] {
+    // Stops accepting; the library then lets each connection's thread finish the request it has read, and joins.
+    if (s.listener.joinable()) {
+      s.http.stop();
+      s.listener.join();
+    }
+    s.batcher.stop();
+  });
+}
+
+namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+std::atomic<int> g_signals{0};
+
+void on_serve_stop_signal(int) {
+  if (g_signals.fetch_add(1) > 0) _exit(130);  // a second signal: stop waiting for the drain
+  const char byte = 1;
+  const ssize_t written = write(g_signal_pipe[1], &byte, 1);
+  (void)written;
+}
+
+}  // namespace
+
+void serve(LoadedModel& model, const ServeOptions& options) {
+  Server server(model, options);
+  server.start();
+  const std::string url = "http://" + options.host + ":" + std::to_string(server.port());
+  log::info("listening on " + url + " (warming up)");
+  server.warm_up();
+
+  if (pipe(g_signal_pipe) != 0) throw std::runtime_error(std::string("serve: pipe: ") + std::strerror(errno));
+  struct sigaction action {};
+  action.sa_handler = on_serve_stop_signal;
+  sigemptyset(&action.sa_mask);
+  struct sigaction old_term {}, old_int {};
+  sigaction(SIGTERM, &action, &old_term);
+  sigaction(SIGINT, &action, &old_int);
+  signal(SIGPIPE, SIG_IGN);  // a client gone mid-answer is an error on its socket, not the end of the server
+  log::info("ready: " + url + " (POST /v1/classify, POST /v1/embed, GET /v1/model, /healthz, /readyz, /metrics)");
+
+  // A signal wakes this watcher, which stops the server; run() then returns here once the last request is answered.
+  std::thread watcher([&server] {
+    char byte = 0;
+    while (read(g_signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    if (g_signals.load() > 0) {
+      log::info("stopping: answering the " + std::to_string(server.requests_read() - server.requests_answered()) +
+                " requests in flight, accepting no more");
+    }
+    server.stop();
+  });
+  try {
+    server.run();
+  } catch (...) {
+    const char byte = 0;
+    const ssize_t written = write(g_signal_pipe[1], &byte, 1);  // wakes the watcher, which stops the server
+    (void)written;
+    watcher.join();
+    throw;
+  }
+  watcher.join();
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGINT, &old_int, nullptr);
+  close(g_signal_pipe[0]);
+  close(g_signal_pipe[1]);
+  log::info("stopped: " + std::to_string(server.requests_read()) + " requests read, " +
+            std::to_string(server.requests_answered()) + " answered");
+}
+
+}  // namespace vit
