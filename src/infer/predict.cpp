@@ -1,6 +1,7 @@
 // Classifying image files batch by batch, decoding overlapped with the model on a GPU.
 #include "infer/predict.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -36,21 +37,29 @@ std::vector<Prediction> classify(LoadedModel& model, const std::vector<PreparedI
 
 }  // namespace
 
+std::vector<std::pair<int64_t, float>> top_k(const float* values, int64_t n, int64_t k) {
+  std::vector<std::pair<int64_t, float>> all(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) all[i] = {i, values[i]};
+  k = std::clamp<int64_t>(k, 0, n);
+  std::partial_sort(all.begin(), all.begin() + k, all.end(), [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  });
+  all.resize(static_cast<size_t>(k));
+  return all;
+}
+
 std::vector<Prediction> predictions_from_logits(const torch::Tensor& model_logits, int64_t topk) {
   const auto logits = model_logits.to(torch::kCPU, torch::kFloat32).contiguous();  // (B, K)
+  const auto probs = logits.softmax(-1).contiguous();
   const int64_t classes = logits.size(1);
-  topk = std::min(topk, classes);
-  const auto [top_p, top_i] = logits.softmax(-1).topk(topk, -1);  // (B, topk)
-  const auto probs = top_p.contiguous();
-  const auto indices = top_i.contiguous();
   std::vector<Prediction> out(static_cast<size_t>(logits.size(0)));
   for (int64_t row = 0; row < logits.size(0); ++row) {
     Prediction& prediction = out[row];
-    const float* p = probs.data_ptr<float>() + row * topk;
-    const int64_t* index = indices.data_ptr<int64_t>() + row * topk;
+    for (const auto& [index, prob] : top_k(probs.data_ptr<float>() + row * classes, classes, topk)) {
+      prediction.top_index.push_back(index);
+      prediction.top_prob.push_back(prob);
+    }
     const float* l = logits.data_ptr<float>() + row * classes;
-    prediction.top_prob.assign(p, p + topk);
-    prediction.top_index.assign(index, index + topk);
     prediction.logits.assign(l, l + classes);
   }
   return out;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/types.h>
@@ -31,6 +32,10 @@ struct Prediction {
 
 // Called once per batch, in order; a batch's predictions are in input order.
 using PredictionSink = std::function<void(const std::vector<Prediction>& batch)>;
+
+// The k largest of values[0..n) as (index, value), largest first, the lower index first among equals (k capped at
+// n). Plain C++: vit serve's connection threads call it without LibTorch.
+std::vector<std::pair<int64_t, float>> top_k(const float* values, int64_t n, int64_t k);
 
 // Each row of `logits` (B, K; any device and float type) as predict reports it: softmax probabilities of the top-k
 // classes (topk capped at K), most probable first, and the float32 row itself; paths and errors left empty.

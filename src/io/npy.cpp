@@ -64,6 +64,27 @@ std::vector<int64_t> parse_shape(const std::string& header, const std::string& p
 
 }  // namespace
 
+std::string npy_preamble(const std::vector<int64_t>& shape) {
+  // Keys in sorted order and the trailing ", }" are what numpy.save writes.
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape_tuple(shape) + ", }";
+  // numpy pads with 1..64 spaces (never 0), then '\n', so the preamble is a multiple of 64 bytes.
+  const size_t preamble = kMagicLength + 2 + 2 + header.size() + 1;
+  header.append(kAlign - preamble % kAlign, ' ');
+  header += '\n';
+  if (header.size() > UINT16_MAX) {
+    throw std::invalid_argument("npy: header of " + std::to_string(header.size()) +
+                                " bytes does not fit format version 1.0 (shape " + shape_tuple(shape) + ")");
+  }
+  std::string out;
+  out.append(kMagic, kMagicLength);
+  out += '\x01';  // major version
+  out += '\x00';  // minor version
+  const uint16_t header_length = static_cast<uint16_t>(header.size());
+  out.append(reinterpret_cast<const char*>(&header_length), sizeof header_length);
+  out += header;
+  return out;
+}
+
 std::string npy_bytes(const torch::Tensor& tensor) {
   if (!tensor.defined()) throw std::invalid_argument("npy: cannot write an undefined tensor");
   if (tensor.scalar_type() != torch::kFloat32) {
@@ -71,28 +92,8 @@ std::string npy_bytes(const torch::Tensor& tensor) {
                                 c10::toString(tensor.scalar_type()));
   }
   const torch::Tensor cpu = tensor.detach().to(torch::kCPU).contiguous();
-
-  // Keys in sorted order and the trailing ", }" are what numpy.save writes.
-  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape_tuple(cpu.sizes().vec()) + ", }";
-  // numpy pads with 1..64 spaces (never 0), then '\n', so the preamble is a multiple of 64 bytes.
-  const size_t preamble = kMagicLength + 2 + 2 + header.size() + 1;
-  header.append(kAlign - preamble % kAlign, ' ');
-  header += '\n';
-  if (header.size() > UINT16_MAX) {
-    throw std::invalid_argument("npy: header of " + std::to_string(header.size()) +
-                                " bytes does not fit format version 1.0 (shape " + shape_tuple(cpu.sizes().vec()) +
-                                ")");
-  }
-
   const size_t data_bytes = static_cast<size_t>(cpu.numel()) * sizeof(float);
-  std::string out;
-  out.reserve(kMagicLength + 4 + header.size() + data_bytes);
-  out.append(kMagic, kMagicLength);
-  out += '\x01';  // major version
-  out += '\x00';  // minor version
-  const uint16_t header_length = static_cast<uint16_t>(header.size());
-  out.append(reinterpret_cast<const char*>(&header_length), sizeof header_length);
-  out += header;
+  std::string out = npy_preamble(cpu.sizes().vec());
   if (data_bytes > 0) out.append(static_cast<const char*>(cpu.data_ptr()), data_bytes);
   return out;
 }

@@ -29,7 +29,6 @@
 #include "io/npy.h"
 #include "serve/metrics.h"
 #include "util/log.h"
-#include "util/runtime.h"
 #include "util/text.h"
 
 namespace vit {
@@ -119,16 +118,22 @@ void check_params(const httplib::Request& req, std::initializer_list<const char*
   }
 }
 
-// Rows (n, ...) of a float tensor as JSON numbers: a list per row, nested for (n, N, D).
+// The connections' threads read the batcher's answers through data pointers only, never calling a LibTorch operator:
+// a thread's first operator that asks for the thread count runs LibTorch's per-thread set-up, at::set_num_threads,
+// which clears oneDNN's primitive cache and resizes a thread pool under the model's feet (a heap corruption once in
+// three load runs before this rule). The batcher hands over contiguous float32 (or int64) CPU rows.
+
+// Row `row` of contiguous float32 rows (n, ...) as JSON numbers: a list, nested for (n, N, D).
 nlohmann::json rows_json(const torch::Tensor& rows, int64_t row) {
-  const torch::Tensor r = rows[row].contiguous();
-  const float* data = r.data_ptr<float>();
-  if (r.dim() == 1) return std::vector<float>(data, data + r.numel());
+  const int64_t size = rows.numel() / rows.size(0);
+  const float* data = rows.data_ptr<float>() + row * size;
+  if (rows.dim() == 2) return std::vector<float>(data, data + size);
   nlohmann::json out = nlohmann::json::array();
-  const int64_t width = r.size(-1);
-  for (int64_t i = 0; i < r.numel() / width; ++i) out.push_back(std::vector<float>(data + i * width, data + (i + 1) * width));
+  const int64_t width = rows.size(-1);
+  for (int64_t i = 0; i < size / width; ++i) out.push_back(std::vector<float>(data + i * width, data + (i + 1) * width));
   return out;
 }
+
 
 struct Upload {
   std::string name;   // the form's file name (or field name); "body" for a raw body. Only ever echoed back.
@@ -300,11 +305,6 @@ struct Server::Impl {
 
   void post_images(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
                    const std::function<ImageEndpoint()>& endpoint_of) {
-    // This thread's own torch calls (an answer's softmax) stay on it: an OpenMP team of its own would be a second
-    // pool beside the model's (serve/batcher.h).
-    static thread_local bool one_thread = (use_one_intra_op_thread(), true);
-    (void)one_thread;
-    c10::InferenceMode inference;
     ImageEndpoint endpoint;
     Batcher::Ticket ticket;
     try {
@@ -351,22 +351,27 @@ struct Server::Impl {
     const bool logits = flag_param(req, "logits");
     ImageEndpoint endpoint;
     endpoint.key = "classify";
+    // Logits and their softmax, as vit predict computes them (predictions_from_logits), on the batcher's thread; the
+    // top-k is picked by the same rule (top_k) on the connection's thread.
     endpoint.run = [this](const torch::Tensor& inputs) {
-      return std::vector<torch::Tensor>{model.net->forward(on_device(inputs)).to(torch::kCPU, torch::kFloat32)};
+      const auto logits = model.net->forward(on_device(inputs)).to(torch::kCPU, torch::kFloat32).contiguous();
+      return std::vector<torch::Tensor>{logits, logits.softmax(-1).contiguous()};
     };
     endpoint.respond = [this, topk, logits](const std::vector<std::string>& names,
                                             const std::vector<torch::Tensor>& outputs, const httplib::Request&,
                                             httplib::Response& res) {
-      const auto rows = predictions_from_logits(outputs[0], topk);
+      const int64_t classes = outputs[0].size(1);
       nlohmann::json answer = nlohmann::json::array();
-      for (size_t i = 0; i < rows.size(); ++i) {
+      for (size_t i = 0; i < names.size(); ++i) {
         nlohmann::json top = nlohmann::json::array();
-        for (size_t k = 0; k < rows[i].top_index.size(); ++k) {
-          const int64_t index = rows[i].top_index[k];
-          top.push_back({{"index", index}, {"label", model.class_names[index]}, {"prob", rows[i].top_prob[k]}});
+        for (const auto& [index, prob] : top_k(outputs[1].data_ptr<float>() + i * classes, classes, topk)) {
+          top.push_back({{"index", index}, {"label", model.class_names[index]}, {"prob", prob}});
         }
         nlohmann::json entry{{"image", names[i]}, {"topk", top}};
-        if (logits) entry["logits"] = rows[i].logits;
+        if (logits) {
+          const float* row = outputs[0].data_ptr<float>() + i * classes;
+          entry["logits"] = std::vector<float>(row, row + classes);
+        }
         answer.push_back(entry);
       }
       res.set_content(json_text(answer), "application/json");
@@ -400,12 +405,16 @@ struct Server::Impl {
       const auto names = embedding_output_names(embed);
       if (media_type(req.get_header_value("Accept")) == "application/x-npy") {
         // One output as it is; several layers stacked as (layers, images, ...), named in X-Vit-Outputs.
-        std::vector<torch::Tensor> arrays(outputs.begin(), outputs.begin() + static_cast<int64_t>(names.size()));
-        const auto array = arrays.size() == 1 ? arrays.front() : torch::stack(arrays);
+        std::vector<int64_t> shape = outputs[0].sizes().vec();
+        if (names.size() > 1) shape.insert(shape.begin(), static_cast<int64_t>(names.size()));
+        std::string body = npy_preamble(shape);
         std::string joined;
-        for (const auto& name : names) joined += (joined.empty() ? "" : ",") + name;
+        for (size_t k = 0; k < names.size(); ++k) {
+          body.append(static_cast<const char*>(outputs[k].data_ptr()), outputs[k].numel() * sizeof(float));
+          joined += (joined.empty() ? "" : ",") + names[k];
+        }
         res.set_header("X-Vit-Outputs", joined);
-        res.set_content(npy_bytes(array), "application/x-npy");
+        res.set_content(body, "application/x-npy");
         return;
       }
       const torch::Tensor& predicted = outputs.back();
@@ -413,7 +422,7 @@ struct Server::Impl {
       for (size_t i = 0; i < images.size(); ++i) {
         nlohmann::json entry{{"image", images[i]}};
         if (predicted.defined()) {
-          const int64_t index = predicted[static_cast<int64_t>(i)].item<int64_t>();
+          const int64_t index = predicted.data_ptr<int64_t>()[i];
           entry["predicted"] = {{"index", index}, {"label", model.class_names[index]}};
         }
         for (size_t k = 0; k < names.size(); ++k) entry[names[k]] = rows_json(outputs[k], static_cast<int64_t>(i));
