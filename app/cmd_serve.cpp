@@ -35,6 +35,7 @@ std::string read_api_key(const std::string& path) {
 }
 
 int run_serve(const ServeCommandOptions& o) {
+  block_stop_signals();  // first: every thread started from here on leaves SIGTERM and SIGINT to serve()'s watcher
   ServeOptions options;
   options.host = o.host;
   options.port = o.port;

@@ -604,62 +604,53 @@ void Server::stop() {
   });
 }
 
-namespace {
-
-int g_signal_pipe[2] = {-1, -1};
-std::atomic<int> g_signals{0};
-
-void on_serve_stop_signal(int) {
-  if (g_signals.fetch_add(1) > 0) _exit(130);  // a second signal: stop waiting for the drain
-  const char byte = 1;
-  const ssize_t written = write(g_signal_pipe[1], &byte, 1);
-  (void)written;
+void block_stop_signals() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 }
 
-}  // namespace
-
 void serve(LoadedModel& model, const ServeOptions& options) {
+  block_stop_signals();  // for the threads started from here on; the caller blocked them before loading the model
+  signal(SIGPIPE, SIG_IGN);  // a client gone mid-answer is an error on its socket, not the end of the server
   Server server(model, options);
   server.start();
   const std::string url = "http://" + options.host + ":" + std::to_string(server.port());
   log::info("listening on " + url + " (warming up)");
   server.warm_up();
-
-  if (pipe(g_signal_pipe) != 0) throw std::runtime_error(std::string("serve: pipe: ") + std::strerror(errno));
-  struct sigaction action {};
-  action.sa_handler = on_serve_stop_signal;
-  sigemptyset(&action.sa_mask);
-  struct sigaction old_term {}, old_int {};
-  sigaction(SIGTERM, &action, &old_term);
-  sigaction(SIGINT, &action, &old_int);
-  signal(SIGPIPE, SIG_IGN);  // a client gone mid-answer is an error on its socket, not the end of the server
   log::info("ready: " + url + " (POST /v1/classify, POST /v1/embed, GET /v1/model, /healthz, /readyz, /metrics)");
 
-  // A signal wakes this watcher, which stops the server; run() then returns here once the last request is answered.
-  std::thread watcher([&server] {
-    char byte = 0;
-    while (read(g_signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
-    }
-    if (g_signals.load() > 0) {
+  // SIGTERM and SIGINT are taken by this watcher alone (blocked everywhere, so no other thread's system call is ever
+  // interrupted): the first stops the server on a thread of its own, a second during the drain exits at once.
+  std::atomic<bool> done{false};
+  std::thread stopper;
+  std::thread watcher([&] {
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    while (!done) {
+      const timespec wait{0, 100 * 1000 * 1000};
+      if (sigtimedwait(&stop, nullptr, &wait) < 0) continue;  // timed out: is the server done?
+      if (stopper.joinable()) _exit(130);
       log::info("stopping: answering the " + std::to_string(server.requests_read() - server.requests_answered()) +
                 " requests in flight, accepting no more");
+      stopper = std::thread([&server] { server.stop(); });
     }
-    server.stop();
   });
   try {
-    server.run();
+    server.run();  // until the stopper has stopped the HTTP side and the batcher
   } catch (...) {
-    const char byte = 0;
-    const ssize_t written = write(g_signal_pipe[1], &byte, 1);  // wakes the watcher, which stops the server
-    (void)written;
+    done = true;
     watcher.join();
+    if (stopper.joinable()) stopper.join();
     throw;
   }
+  done = true;
   watcher.join();
-  sigaction(SIGTERM, &old_term, nullptr);
-  sigaction(SIGINT, &old_int, nullptr);
-  close(g_signal_pipe[0]);
-  close(g_signal_pipe[1]);
+  if (stopper.joinable()) stopper.join();
   log::info("stopped: " + std::to_string(server.requests_read()) + " requests read, " +
             std::to_string(server.requests_answered()) + " answered");
 }

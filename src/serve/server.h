@@ -54,6 +54,9 @@ class Server {
   std::unique_ptr<Impl> impl_;
 };
 
+// Blocks SIGTERM and SIGINT in the calling thread and in every thread it starts afterwards, for serve()'s watcher to
+// take them alone. Call it before anything starts a thread (before loading the model).
+void block_stop_signals();
 // `vit serve`: start(), warm_up() and run() on the calling thread until SIGTERM or SIGINT, then stop() and return
 // (every request read answered). A second signal during the drain exits at once (status 130).
 void serve(LoadedModel& model, const ServeOptions& options);
