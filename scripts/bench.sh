@@ -12,10 +12,14 @@
 # bilinear) + flip + float + normalise, on generated photo-like JPEGs of 500x375 and 2,000x1,500, as loose files and
 # as tar shards (scripts/make_bench_images.py makes them once into $VIT_BENCH_DATA, default build/bench-data).
 #
-#   scripts/bench.sh [--vit PATH] [--threads N] [--repeats R] [--quick] [--only model|data|precision]
+#   scripts/bench.sh [--vit PATH] [--threads N] [--repeats R] [--quick] [--only model|data|precision|serve]
 #
 # --only precision: `vit bench --precision` int8 and bf16 against float32 and against onnxruntime's quantize_dynamic
 # of our ONNX export (ViT-S/16, ViT-B/16; batch-1 latency and batch-32 img/s); also part of a full run.
+# --only serve: HTTP classification under load (scripts/bench_serve.py): `vit serve` against FastAPI + uvicorn + timm
+# (scripts/serve_timm.py), driven by wrk at 1, 8 and 64 connections with ViT-Ti/16 (img/s, p50/p99 latency, errors),
+# beside `vit predict`'s folder img/s and one image's decode + forward; also the last part of a full run. It needs wrk
+# and FastAPI and uvicorn in that .venv, which VIT_SETUP_BENCH_EXTRAS=1 scripts/setup.sh installs.
 #
 # --repeats R: runs per side and case (default 3; medians). --quick: one or two steps of two cases, a smoke test of
 # the script, not a measurement. Needs a built `vit` (default: build/vit); PyTorch 2.x and onnxruntime in the
@@ -102,6 +106,16 @@ for s in dict.fromkeys(r["set"] for r in rows):
 PY
 }
 if [ "$only" = data ]; then bench_data; exit 0; fi
+
+# ---- HTTP serving under load: vit serve against FastAPI + uvicorn + timm ----
+bench_serve() {
+  if [ $quick = 1 ]; then
+    "$venv_python" "$root/scripts/bench_serve.py" --vit "$vit" --threads "$threads" --quick
+  else
+    "$venv_python" "$root/scripts/bench_serve.py" --vit "$vit" --threads "$threads" --repeats "$repeats"
+  fi
+}
+if [ "$only" = serve ]; then bench_serve; exit 0; fi
 # The other sides, in the project's virtual environment; a missing one fails here rather than leaving a column empty.
 # (bench_predict.py also uses its PIL and NumPy.)
 versions=$("$venv_python" -c 'import sys, torch, onnxruntime, numpy, PIL
@@ -300,3 +314,4 @@ else
 fi
 [ "$only" = model ] || bench_data
 [ "$only" = model ] || bench_precision
+[ "$only" = model ] || bench_serve
