@@ -96,25 +96,24 @@ if [[ "$libtorch" == pip ]] || ((extras)); then
     echo "setup: torch $have present in $venv"
   fi
 fi
-if ((extras)); then
+# Installs the pinned packages $3.. into the venv unless each is there at its version; $1 names them in messages, $2
+# says what a failure leaves out.
+pinned_install() {
+  local what=$1 without=$2
+  shift 2
   if "$venv/bin/python" -c 'import importlib.metadata as m, sys
 for spec in sys.argv[1:]:
     name, version = spec.split("==")
-    if m.version(name) != version: sys.exit(1)' "${reference_packages[@]}" 2>/dev/null; then
-    echo "setup: reference libraries present in $venv"
+    if m.version(name) != version: sys.exit(1)' "$@" 2>/dev/null; then
+    echo "setup: $what present in $venv"
   else
-    echo "setup: installing ${reference_packages[*]} into $venv"
-    pip_install "${reference_packages[@]}" || echo "setup: WARNING: PyPI unreachable? reference libraries not installed; the tests that compare with them will skip" >&2
+    echo "setup: installing $* into $venv"
+    pip_install "$@" || echo "setup: WARNING: PyPI unreachable? $what not installed; $without" >&2
   fi
+}
+if ((extras)); then
+  pinned_install "reference libraries" "the tests that compare with them will skip" "${reference_packages[@]}"
 fi
 if ((bench_extras)); then
-  if "$venv/bin/python" -c 'import importlib.metadata as m, sys
-for spec in sys.argv[1:]:
-    name, version = spec.split("==")
-    if m.version(name) != version: sys.exit(1)' "${serve_packages[@]}" 2>/dev/null; then
-    echo "setup: serving benchmark libraries present in $venv"
-  else
-    echo "setup: installing ${serve_packages[*]} into $venv"
-    pip_install "${serve_packages[@]}" || echo "setup: WARNING: PyPI unreachable? FastAPI and uvicorn not installed; scripts/bench_serve.py will stop" >&2
-  fi
+  pinned_install "serving benchmark libraries" "scripts/bench_serve.py will stop" "${serve_packages[@]}"
 fi
