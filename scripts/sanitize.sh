@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole ctest suite under AddressSanitizer + UndefinedBehaviorSanitizer. Our code (and GoogleTest's main) is
 # instrumented; libtorch, OpenCV and the other system libraries are not. Built with clang into build-sanitize/ (the
-# libFuzzer targets have their own build, scripts/fuzz.sh). Extra arguments go to ctest (e.g. -R Decode).
+# libFuzzer targets have their own build, scripts/fuzz.sh). Extra arguments go to ctest (e.g. -R test_decode).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 start=$SECONDS

@@ -10,8 +10,8 @@ setup_s=$((SECONDS - start))
 build_s=$((SECONDS - start - setup_s))
 if [[ "${VIT_LIBTORCH:-debian}" == pip ]]; then build=${VIT_BUILD_DIR:-$root/build-pip}; else build=${VIT_BUILD_DIR:-$root/build}; fi
 cd "$build"
-# Two at a time: most cases are sub-second (LibTorch's start-up, single-threaded); the ones that use every core
-# (training, ranks, OpenMP) say so (PROCESSORS, tests/slow_cases.txt) and run alone.
+# Two at a time: most cases are sub-second and share their source file's process (tests/ctest_cases.cmake); the ones
+# that use every core (training, ranks, OpenMP) say so (PROCESSORS, tests/slow_cases.txt) and run alone.
 ctest --output-on-failure -j "$(nproc)"
 echo "test: set-up ${setup_s} s, build ${build_s} s, ctest $((SECONDS - start - setup_s - build_s)) s"
 # The suite's one reference run says how many Python processes it started (tests/reference_run.sh).
