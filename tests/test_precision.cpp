@@ -276,25 +276,41 @@ TEST(Precision, Int8AgreesWithFloat32OnPredictionsAndRollout) {
   EXPECT_GE(worst, 0.99);
 }
 
-// A packed model runs large batches a few images at a time (VisionTransformerImpl::forward_features): 200 images of
-// 65 tokens and MLP width 384 go in three chunks of 83, and each image's logits equal its own batch-of-one run's.
+// CPU inference runs large batches a few images at a time (VisionTransformerImpl::forward_features): 200 images of
+// 65 tokens and MLP width 384 go in chunks of 83 (int8) or 84 (float32), and each image's logits equal its own
+// batch-of-one run's; in float32 the whole batch also equals the unchunked forward pass (gradients recorded).
 TEST(Precision, ChunkedBatchesEqualImageByImage) {
-  SKIP_UNLESS_RUNS(Precision::int8);
   ModelConfig config = test::tiny_vit(32, 4, 3, 10, 96, 2, 3, 4.0);
-  auto net = test::perturbed_model(config, 5);
-  net->eval();
-  net->set_precision(Precision::int8);
-  torch::NoGradGuard no_grad;
   const auto images = torch::randn({200, 3, 32, 32});
-  const auto batched = net->forward(images);
-  std::vector<torch::Tensor> one_by_one;
-  for (int64_t i = 0; i < 200; i += 37) one_by_one.push_back(net->forward(images.narrow(0, i, 1)));
-  double diff = 0.0;
-  for (size_t k = 0; k < one_by_one.size(); ++k) {
-    diff = std::max(diff, test::max_abs_diff(batched.narrow(0, static_cast<int64_t>(k) * 37, 1), one_by_one[k]));
+  for (const auto precision : {Precision::fp32, Precision::int8}) {
+    if (!precision_refusal(precision, torch::kCPU).empty()) continue;  // int8 where the CPU has it
+    auto net = test::perturbed_model(config, 5);
+    net->eval();
+    net->set_precision(precision);
+    torch::Tensor batched;
+    {
+      torch::NoGradGuard no_grad;
+      batched = net->forward(images);
+    }
+    std::vector<torch::Tensor> one_by_one;
+    for (int64_t i = 0; i < 200; i += 37) {
+      torch::NoGradGuard no_grad;
+      one_by_one.push_back(net->forward(images.narrow(0, i, 1)));
+    }
+    double diff = 0.0;
+    for (size_t k = 0; k < one_by_one.size(); ++k) {
+      diff = std::max(diff, test::max_abs_diff(batched.narrow(0, static_cast<int64_t>(k) * 37, 1), one_by_one[k]));
+    }
+    std::printf("%s, 200 images in chunks against one by one: max |d| %.2e\n",
+                precision == Precision::fp32 ? "float32" : "int8", diff);
+    EXPECT_LE(diff, 1e-5);
+    if (precision == Precision::fp32) {
+      const auto whole = net->forward(images).detach();  // gradients recorded: one pass over all 200
+      const double whole_diff = test::max_abs_diff(batched, whole);
+      std::printf("float32, 200 images in chunks against one unchunked pass: max |d| %.2e\n", whole_diff);
+      EXPECT_LE(whole_diff, 1e-5);
+    }
   }
-  std::printf("int8, 200 images in chunks against one by one: max |d| %.2e\n", diff);
-  EXPECT_LE(diff, 1e-5);
 }
 
 // An int8 model file (vit export --format vit --precision int8): at most 0.3x the float32 file, loads with its

@@ -215,7 +215,7 @@ struct VisionTransformerImpl : torch::nn::Module {
 
  private:
   bool cuda_autocast(const torch::Tensor& x) const;    // reduced precision on CUDA: forward under autocast
-  bool packed_inference(const torch::Tensor& x) const;  // int8 / bf16 on the CPU, no gradient recorded
+  bool chunked_inference(const torch::Tensor& x) const;  // on the CPU, no gradient recorded
 
   ModelConfig config_;
   Precision precision_ = Precision::fp32;
