@@ -272,6 +272,10 @@ def report(runs, predict_runs, forward_runs, args, loads):
         print(f"| {c} | {cells} | {table['vit', c]['img_per_s'] / table['fastapi', c]['img_per_s']:.2f}x |")
 
     top = CONCURRENCY[-1]
+    # Each round's c64 pair (the runs alternate vit, FastAPI): the ratio's spread, not only the medians'.
+    per_run = {side: [results[top]["img_per_s"] for s, results, _, _ in runs if s == side] for side in SIDES}
+    pairs = "; ".join(f"{v:.1f} / {f:.1f} = {v / f:.2f}x" for v, f in zip(per_run["vit"], per_run["fastapi"]))
+    print(f"\nc{top} img/s by round, vit / FastAPI+timm: {pairs}")
     walls_folder = statistics.median(r[0] for r in predict_runs)
     walls_one = statistics.median(r[1] for r in predict_runs)
     predict = (args.predict_files - 1) / (walls_folder - walls_one)
