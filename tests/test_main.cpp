@@ -9,7 +9,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   vit::configure_threads(0);
   const int status = RUN_ALL_TESTS();
-  // ctest runs the fast cases of a suite in one process (tests/ctest_cases.cmake): it reports the group skipped only
+  // ctest runs the fast cases of a test file in one process (tests/ctest_cases.cmake): it reports the group skipped only
   // when this line says that no case ran to a pass or a failure.
   const auto& unit = *::testing::UnitTest::GetInstance();
   if (unit.skipped_test_count() > 0 && unit.successful_test_count() == 0 && unit.failed_test_count() == 0) {
