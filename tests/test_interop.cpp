@@ -419,7 +419,17 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
                 .find("model_args.proj_bias = false is not supported"),
             std::string::npos);
   EXPECT_NE(refusal("act", R"({"architecture": "vit_small_patch16_224", "model_args": {"act_layer": "silu"}})")
-                .find("model_args.act_layer: \"silu\" is not supported"),
+                .find("model_args.act_layer: \"silu\" is not one of: gelu, quick_gelu, gelu_tanh"),
+            std::string::npos);
+  // Fields of the one list are read with the config's checked readers; ours that timm lacks are not timm's options.
+  EXPECT_NE(refusal("width", R"({"architecture": "vit_small_patch16_224", "model_args": {"embed_dim": "wide"}})")
+                .find("config.json: model_args.embed_dim: \"wide\" is not an integer"),
+            std::string::npos);
+  EXPECT_NE(refusal("eps", R"({"architecture": "vit_small_patch16_224", "model_args": {"layer_norm_eps": 1e-05}})")
+                .find("model_args.layer_norm_eps = 1e-05 is not an option vit knows"),
+            std::string::npos);
+  EXPECT_NE(refusal("hf_width", R"({"model_type": "vit", "hidden_size": [768]})")
+                .find("config.json: hidden_size: [768] is not an integer"),
             std::string::npos);
   EXPECT_NE(refusal("deit", R"({"model_type": "deit"})").find("distillation token"), std::string::npos);
   EXPECT_NE(refusal("deit_distilled", R"({"architecture": "deit_base_distilled_patch16_224"})").find("dist_token"),
@@ -440,6 +450,52 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
 
 // Hugging Face processors as our preprocessing: ViTImageProcessor squashes; BiT / CLIP resize the shortest edge (or
 // both sides) and centre-crop with the floor offset; what vit's preprocessing cannot hold fails naming the key.
+// Every field of the model's one list goes out and comes back through a format's config.json; a timm snapshot holds
+// all but the epsilon (its architecture name's), the relative bias and the training-time rates.
+TEST(Snapshot, ModelFieldsRoundTripThroughTimmAndHfConfigs) {
+  TempDir dir;
+  Preprocess squash;  // a rectangle HF's ViTImageProcessor resizes to
+  squash.crop_mode = CropMode::squash;
+  squash.crop_pct = 1.0;
+  auto round_trip = [&](SnapshotKind kind, const ModelConfig& m) {
+    const std::string folder = dir / name_of(kind);
+    std::filesystem::create_directories(folder);
+    for (const auto& [name, content] : snapshot_files(kind, m, squash, {})) {
+      test::write_bytes(folder + "/" + name, content.dump());
+    }
+    test::write_bytes(folder + "/model.safetensors", "");
+    return read_snapshot(folder).model;
+  };
+  ModelConfig timm = test::tiny_vit(32, 8, 1, 5, 24, 2, 3, 2.0);
+  timm.img_w = 48;
+  timm.qkv_bias = false;
+  timm.class_token = false;
+  timm.reg_tokens = 2;
+  timm.no_embed_class = true;
+  timm.pre_norm = true;
+  timm.global_pool = GlobalPool::map;
+  timm.qk_norm = true;
+  timm.act_layer = Activation::quick_gelu;
+  timm.init_values = 1e-3;
+  timm.fc_norm = true;
+  timm.final_norm = true;
+  const ModelConfig timm_back = round_trip(SnapshotKind::timm, timm);
+  EXPECT_EQ(to_json(timm_back).dump(), to_json(timm).dump());
+
+  ModelConfig hf = test::tiny_vit(32, 8, 1, 5, 24, 2, 3, 2.0);
+  hf.img_w = 48;
+  hf.qkv_bias = false;
+  hf.layer_norm_eps = 1e-5;
+  const ModelConfig hf_back = round_trip(SnapshotKind::hf, hf);
+  EXPECT_EQ(to_json(hf_back).dump(), to_json(hf).dump());
+  // HF's ViT holds none of the family's options: a refusal names every one the model has.
+  const std::string refused = error_of([&] { snapshot_files(SnapshotKind::hf, timm, squash, {}); });
+  for (const char* what : {"without a class token", "global_pool \"map\"", "LayerScale", "register tokens",
+                           "without the class slot", "pre_norm", "model.qk_norm true", "model.fc_norm"}) {
+    EXPECT_NE(refused.find(what), std::string::npos) << what << " in: " << refused;
+  }
+}
+
 TEST(Snapshot, HfProcessorsThatCropAndTheirRefusals) {
   TempDir dir;
   int case_number = 0;

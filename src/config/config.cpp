@@ -147,6 +147,15 @@ class Section {
     out = *value;
   }
 
+  // The keys nothing took, in the object's order.
+  std::vector<std::string> unused() const {
+    std::vector<std::string> keys;
+    for (auto it = object_.begin(); it != object_.end(); ++it) {
+      if (!used_.count(it.key())) keys.push_back(it.key());
+    }
+    return keys;
+  }
+
   // Unknown keys are an error, never silently ignored.
   void finish() const {
     for (auto it = object_.begin(); it != object_.end(); ++it) {
@@ -369,6 +378,20 @@ struct Reader {
     Reader reader{inner};
     visit(sub, reader);
     inner.finish();
+  }
+};
+
+// Another format's model fields: Reader over the keys `spelling` gives (a field it spells "" is not read).
+struct SpelledReader {
+  Section& s;
+  const FieldSpelling& spelling;
+  template <typename Field>
+  void operator()(const char* field, Field& value) {
+    if (const std::string key = spelling(field); !key.empty()) s.read(key, value);
+  }
+  void preset(const char* field, std::string& name) { (*this)(field, name); }
+  void size(const char* field, int64_t& h, int64_t& w) {
+    if (const std::string key = spelling(field); !key.empty()) Reader{s}.size(key.c_str(), h, w);
   }
 };
 
@@ -630,6 +653,23 @@ json to_json(const ModelConfig& m) {
   Writer writer{j};
   visit_model(m, writer);
   return j;
+}
+
+std::vector<std::string> read_model_fields(const json& object, const std::string& path, const std::string& source,
+                                           const FieldSpelling& spelling, ModelConfig& m) {
+  Section s(object, path, source);
+  SpelledReader reader{s, spelling};
+  visit_model(m, reader);
+  return s.unused();
+}
+
+json write_model_fields(const ModelConfig& m, const FieldSpelling& spelling) {
+  const json all = to_json(m);  // named: items() refers into it
+  json out = json::object();
+  for (const auto& [field, value] : all.items()) {
+    if (const std::string key = spelling(field); !key.empty()) out[key] = value;
+  }
+  return out;
 }
 
 json to_json(const Preprocess& p) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -81,6 +82,20 @@ ModelConfig model_preset(const std::string& name);
 // The "model" section (`source` names the file in errors), and back.
 ModelConfig parse_model_config(const nlohmann::json& section, const std::string& source);
 nlohmann::json to_json(const ModelConfig& model);
+
+// Another format's names for the model fields (timm's model_args, Hugging Face's config.json): the key that holds a
+// field of the one field list ("img_size", "embed_dim", ...; config.cpp's visit_model), or "" where that format does
+// not hold the field. The other formats' readers and writers go through these two functions, so a field added to the
+// list is read and written everywhere its name is the format's.
+using FieldSpelling = std::function<std::string(const std::string& field)>;
+// Reads the fields `object` holds under `spelling`'s keys into `m` with the config's checked readers (a wrong type
+// throws std::invalid_argument "<source>: <path>.<key>: ..."); fields it does not hold keep their values. Returns the
+// keys of `object` that no field took, for the caller's own table.
+std::vector<std::string> read_model_fields(const nlohmann::json& object, const std::string& path,
+                                           const std::string& source, const FieldSpelling& spelling, ModelConfig& m);
+// The fields `spelling` names, under its keys, written as to_json writes them (enums by name, an absent optional as
+// null, img_size as one number when square).
+nlohmann::json write_model_fields(const ModelConfig& m, const FieldSpelling& spelling);
 
 // Throws std::invalid_argument with the reason when the model config is inconsistent.
 void validate(const ModelConfig& model, const std::string& source);

@@ -3,6 +3,8 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <stdexcept>
 
 #include "io/snapshot_json.h"
 #include "util/fs.h"
@@ -108,6 +110,50 @@ Preprocess read_hf_processor(const json& pre, const std::string& pre_file, const
   return p;
 }
 
+// Hugging Face's ViTConfig keys for the model fields it spells as a field. It holds three more in its own form
+// (mlp_ratio as intermediate_size, act_layer as hidden_act, num_classes as id2label); the dropout rates are training's.
+std::string hf_key(const std::string& field) {
+  static const std::map<std::string, std::string> keys = {
+      {"embed_dim", "hidden_size"}, {"depth", "num_hidden_layers"}, {"num_heads", "num_attention_heads"},
+      {"img_size", "image_size"},   {"patch_size", "patch_size"},   {"in_chans", "num_channels"},
+      {"qkv_bias", "qkv_bias"},     {"layer_norm_eps", "layer_norm_eps"},
+  };
+  const auto it = keys.find(field);
+  return it == keys.end() ? "" : it->second;
+}
+bool hf_in_own_form(const std::string& field) {
+  return field == "preset" || field == "mlp_ratio" || field == "act_layer" || field == "num_classes" ||
+         field == "drop_rate" || field == "attn_drop_rate" || field == "proj_drop_rate" || field == "drop_path_rate";
+}
+
+// The fields HF's ViT cannot hold where they differ from its fixed ones (our defaults), in words.
+std::vector<std::string> hf_cannot_hold(ModelConfig m) {
+  if (m.fc_norm && *m.fc_norm == (m.global_pool == GlobalPool::avg)) m.fc_norm.reset();  // the rule's value
+  auto fixed = [](const std::string& field) { return hf_key(field).empty() && !hf_in_own_form(field) ? field : ""; };
+  const json mine = write_model_fields(m, fixed), hf = write_model_fields(ModelConfig{}, fixed);
+  const std::map<std::string, std::string> words = {
+      {"class_token", "a model without a class token (model.class_token false)"},
+      {"init_values", "LayerScale (model.init_values)"},
+      {"reg_tokens", "register tokens (model.reg_tokens)"},
+      {"no_embed_class", "a position embedding without the class slot (model.no_embed_class)"},
+      {"pre_norm", "pre_norm (CLIP's norm before the blocks)"},
+      {"final_norm", "a final norm other than HF's layernorm on every token (model.final_norm false)"},
+      {"fc_norm", "a final norm other than HF's layernorm on every token (model.fc_norm)"},
+  };
+  std::vector<std::string> out;
+  for (const auto& [field, value] : mine.items()) {
+    if (value == hf.at(field)) continue;
+    if (field == "global_pool") {
+      out.push_back("global_pool " + show(value) + " (HF's ViT reads the class token)");
+    } else if (const auto it = words.find(field); it != words.end()) {
+      out.push_back(it->second);
+    } else {
+      out.push_back("model." + field + " " + show(value) + " (HF's ViT has no such option)");
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void read_hf(const json& config, Snapshot& s) {
@@ -125,10 +171,15 @@ void read_hf(const json& config, Snapshot& s) {
       fail(file, "architectures: " + name + " is not supported (vit reads ViTForImageClassification and ViTModel)");
     }
   }
+  // Every field HF's ViT does not spell is at our default, which is HF's ViT (class token, token pooling, ...).
   ModelConfig& m = s.model;
-  m.embed_dim = get_or<int64_t>(config, "hidden_size", 768, file);
-  m.depth = get_or<int64_t>(config, "num_hidden_layers", 12, file);
-  m.num_heads = get_or<int64_t>(config, "num_attention_heads", 12, file);
+  m = ModelConfig{};
+  m.layer_norm_eps = 1e-12;  // ViTConfig's default; its others are ours
+  try {
+    read_model_fields(config, "", file, hf_key, m);  // its other keys are HF's own (id2label, dropout rates, ...)
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());  // a snapshot's error, as every other one in its config.json
+  }
   const auto intermediate = get_or<int64_t>(config, "intermediate_size", 3072, file);
   m.mlp_ratio = static_cast<double>(intermediate) / static_cast<double>(m.embed_dim);
   if (static_cast<int64_t>(m.embed_dim * m.mlp_ratio) != intermediate) {
@@ -136,20 +187,6 @@ void read_hf(const json& config, Snapshot& s) {
   }
   const auto act = get_or<std::string>(config, "hidden_act", "gelu", file);
   if (act != "gelu") fail(file, "hidden_act \"" + act + "\" is not supported (vit's MLP uses exact GELU, \"gelu\")");
-  m.layer_norm_eps = get_or<double>(config, "layer_norm_eps", 1e-12, file);
-  const json size = config.value("image_size", json(224));
-  if (size.is_number_integer()) {
-    m.img_h = m.img_w = size.get<int64_t>();
-  } else if (size.is_array() && size.size() == 2) {
-    m.img_h = size[0].get<int64_t>(), m.img_w = size[1].get<int64_t>();
-  } else {
-    fail(file, "image_size: " + show(size) + " is not a size");
-  }
-  m.patch_size = get_or<int64_t>(config, "patch_size", 16, file);
-  m.in_chans = get_or<int64_t>(config, "num_channels", 3, file);
-  m.qkv_bias = get_or<bool>(config, "qkv_bias", true, file);
-  m.class_token = true;
-  m.global_pool = GlobalPool::token;
   const json id2label = config.value("id2label", json::object());
   if (!id2label.is_object()) fail(file, "id2label: not an object");
   // Without "architectures", a folder with class labels is taken for a classifier.
@@ -189,16 +226,11 @@ std::map<std::string, json> hf_files(const ModelConfig& m, const Preprocess& p,
   json mean = p.mean, std_ = p.std;
   std::map<std::string, json> files;
   // Hugging Face's ViTForImageClassification: class token, token pooling, no LayerScale, square-free sizes.
-  if (!m.class_token) refuse("a model without a class token (model.class_token false)");
-  if (m.global_pool != GlobalPool::token) {
-    refuse(std::string("global_pool \"") + name_of(m.global_pool) + "\" (HF's ViT reads the class token)");
+  if (const auto cannot = hf_cannot_hold(m); !cannot.empty()) {
+    std::string list;
+    for (const auto& what : cannot) list += (list.empty() ? "" : "; ") + what;
+    refuse(list);
   }
-  if (m.init_values) refuse("LayerScale (model.init_values)");
-  if (m.reg_tokens > 0) refuse("register tokens (model.reg_tokens)");
-  if (m.no_embed_class) refuse("a position embedding without the class slot (model.no_embed_class)");
-  if (m.pre_norm) refuse("pre_norm (CLIP's norm before the blocks)");
-  if (m.qk_norm) refuse("qk_norm");
-  if (!m.final_norm || m.use_fc_norm()) refuse("a final norm other than HF's layernorm on every token");
   if (m.act_layer != Activation::gelu) refuse(std::string("act_layer ") + name_of(m.act_layer) + " (vit writes exact GELU)");
   if (m.num_classes <= 0) refuse("a model without a classifier head (num_classes 0)");
   const double hidden = m.embed_dim * m.mlp_ratio;
@@ -214,26 +246,19 @@ std::map<std::string, json> hf_files(const ModelConfig& m, const Preprocess& p,
     id2label[std::to_string(i)] = name;
     label2id[name] = i;
   }
-  json image_size = m.img_h == m.img_w ? json(m.img_h) : json::array({m.img_h, m.img_w});
-  files["config.json"] = {{"architectures", {"ViTForImageClassification"}},
-                          {"model_type", "vit"},
-                          {"hidden_size", m.embed_dim},
-                          {"num_hidden_layers", m.depth},
-                          {"num_attention_heads", m.num_heads},
-                          {"intermediate_size", static_cast<int64_t>(hidden)},
-                          {"hidden_act", "gelu"},
-                          {"hidden_dropout_prob", 0.0},
-                          {"attention_probs_dropout_prob", 0.0},
-                          {"initializer_range", 0.02},
-                          {"layer_norm_eps", m.layer_norm_eps},
-                          {"image_size", image_size},
-                          {"patch_size", m.patch_size},
-                          {"num_channels", m.in_chans},
-                          {"qkv_bias", m.qkv_bias},
-                          {"encoder_stride", m.patch_size},
-                          {"id2label", id2label},
-                          {"label2id", label2id},
-                          {"dtype", "float32"}};
+  json config = write_model_fields(m, hf_key);
+  config.update({{"architectures", {"ViTForImageClassification"}},
+                 {"model_type", "vit"},
+                 {"intermediate_size", static_cast<int64_t>(hidden)},
+                 {"hidden_act", "gelu"},
+                 {"hidden_dropout_prob", 0.0},
+                 {"attention_probs_dropout_prob", 0.0},
+                 {"initializer_range", 0.02},
+                 {"encoder_stride", m.patch_size},
+                 {"id2label", id2label},
+                 {"label2id", label2id},
+                 {"dtype", "float32"}});
+  files["config.json"] = config;
   const int resample = p.interpolation == Interpolation::bicubic ? 3 : 2;
   if (crops) {
     // timm's eval transform as BitImageProcessor: the shorter side (center) or both sides (squash) to

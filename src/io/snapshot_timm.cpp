@@ -1,6 +1,8 @@
 // timm snapshot folders (save_for_hf / push_to_hub): config.json's architecture, model_args, pretrained_cfg and
 // label_names to our config and back, and the timm architecture name for a model.
 #include <cmath>
+#include <set>
+#include <stdexcept>
 
 #include "config/timm_architectures.h"
 #include "io/snapshot_json.h"
@@ -9,9 +11,31 @@ namespace vit {
 namespace snapshot_detail {
 namespace {
 
-// model_args of timm's VisionTransformer we read, and the options we lack with the value that means "off".
+// timm's model_args spell the model fields as we do (the field list's names are timm's VisionTransformer
+// arguments), except these: fields timm's VisionTransformer has no argument for (the LayerNorm epsilon comes with the
+// architecture name's norm_layer; the relative position bias is BEiT's), and training-time rates we do not write.
+bool timm_lacks(const std::string& field) {
+  return field == "preset" || field == "layer_norm_eps" || field == "rel_pos_bias";
+}
+bool timm_not_written(const std::string& field) {
+  return field == "drop_rate" || field == "attn_drop_rate" || field == "proj_drop_rate" || field == "drop_path_rate";
+}
+
+// model_args over the model the architecture name gave: every field through the config's readers, then timm's
+// options we lack, each accepted only at the value that means "off".
 void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& file) {
   if (!args.is_object()) fail(file, "model_args: " + show(args) + " is not an object");
+  json fields = args;
+  // timm takes patch_size as a number or a pair; vit's patches are square.
+  const json& patch = args.value("patch_size", json());
+  if (patch.is_array() && patch.size() == 2 && patch[0] == patch[1]) fields["patch_size"] = patch[0];
+  std::vector<std::string> others;
+  try {
+    others = read_model_fields(fields, "model_args", file,
+                               [](const std::string& field) { return timm_lacks(field) ? "" : field; }, m);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());  // a snapshot's error, as every other one in its config.json
+  }
   // Options of timm's VisionTransformer that change the architecture, each accepted only at its plain-ViT value.
   const std::map<std::string, json> plain = {
       {"dynamic_img_pad", false},  {"norm_layer", "layernorm"}, {"embed_layer", "PatchEmbed"}, {"block_fn", "Block"},
@@ -23,95 +47,10 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
   // by the patch, resampling the position embedding as timm's dynamic_img_size does.
   const std::set<std::string> harmless = {"weight_init", "fix_init", "pos_drop_rate", "patch_drop_rate",
                                           "pretrained_cfg_overlay", "dynamic_img_size"};
-  for (const auto& item : args.items()) {
-    // Not a structured binding: C++17 lambdas cannot capture one (clang refuses; the sanitizer build uses clang).
-    const std::string& key = item.key();
-    const json& value = item.value();
+  for (const auto& key : others) {
+    const json& value = args[key];
     const std::string where = "model_args." + key;
-    auto number = [&]() -> double {
-      if (!value.is_number()) fail(file, where + ": " + show(value) + " is not a number");
-      return value.get<double>();
-    };
-    auto count = [&]() -> int64_t {
-      if (!value.is_number_integer()) fail(file, where + ": " + show(value) + " is not an integer");
-      return value.get<int64_t>();
-    };
-    auto flag = [&]() -> bool {
-      if (!value.is_boolean()) fail(file, where + ": " + show(value) + " is not true or false");
-      return value.get<bool>();
-    };
-    if (key == "img_size") {
-      if (value.is_number_integer()) {
-        m.img_h = m.img_w = value.get<int64_t>();
-      } else if (value.is_array() && value.size() == 2 && value[0].is_number_integer() &&
-                 value[1].is_number_integer()) {
-        m.img_h = value[0].get<int64_t>(), m.img_w = value[1].get<int64_t>();
-      } else {
-        fail(file, where + ": " + show(value) + " is not a size");
-      }
-    } else if (key == "patch_size") {
-      if (value.is_array() && value.size() == 2 && value[0] == value[1]) {
-        m.patch_size = value[0].get<int64_t>();
-      } else {
-        m.patch_size = count();
-      }
-    } else if (key == "in_chans") {
-      m.in_chans = count();
-    } else if (key == "num_classes") {
-      m.num_classes = count();
-    } else if (key == "embed_dim") {
-      m.embed_dim = count();
-    } else if (key == "depth") {
-      m.depth = count();
-    } else if (key == "num_heads") {
-      m.num_heads = count();
-    } else if (key == "mlp_ratio") {
-      m.mlp_ratio = number();
-    } else if (key == "qkv_bias") {
-      m.qkv_bias = flag();
-    } else if (key == "class_token") {
-      m.class_token = flag();
-    } else if (key == "reg_tokens") {
-      m.reg_tokens = count();
-    } else if (key == "no_embed_class") {
-      m.no_embed_class = flag();
-    } else if (key == "pre_norm") {
-      m.pre_norm = flag();
-    } else if (key == "final_norm") {
-      m.final_norm = flag();
-    } else if (key == "qk_norm") {
-      m.qk_norm = flag();
-    } else if (key == "act_layer") {
-      const std::string act = value.is_string() ? value.get<std::string>() : show(value);
-      auto parsed = enum_from_name<Activation>(act);
-      if (!parsed) fail(file, where + ": \"" + act + "\" is not supported (vit has " + enum_choices<Activation>() + ")");
-      m.act_layer = *parsed;
-    } else if (key == "global_pool") {
-      const std::string pool = value.is_string() ? value.get<std::string>() : show(value);
-      auto parsed = enum_from_name<GlobalPool>(pool);
-      if (!parsed) fail(file, where + ": \"" + pool + "\" is not supported (vit pools with " + enum_choices<GlobalPool>() + ")");
-      m.global_pool = *parsed;
-    } else if (key == "init_values") {
-      if (value.is_null()) {
-        m.init_values.reset();
-      } else {
-        m.init_values = number();
-      }
-    } else if (key == "drop_rate") {
-      m.drop_rate = number();
-    } else if (key == "attn_drop_rate") {
-      m.attn_drop_rate = number();
-    } else if (key == "proj_drop_rate") {
-      m.proj_drop_rate = number();
-    } else if (key == "drop_path_rate") {
-      m.drop_path_rate = number();
-    } else if (key == "fc_norm") {
-      if (value.is_null()) {
-        m.fc_norm.reset();
-      } else {
-        m.fc_norm = flag();
-      }
-    } else if (auto it = plain.find(key); it != plain.end()) {
+    if (auto it = plain.find(key); it != plain.end()) {
       if (!value.is_null() && value != it->second) {
         fail(file, where + " = " + show(value) + " is not supported (vit builds only " + key + " = " +
                        show(it->second) + ")");
@@ -225,20 +164,11 @@ std::map<std::string, json> timm_files(const ModelConfig& m, const Preprocess& p
   if (arch.empty()) {
     refuse("layer_norm_eps " + num(m.layer_norm_eps) + " (timm's ViT architectures use 1e-6, CLIP's 1e-5)");
   }
-  json args = {{"img_size", json::array({m.img_h, m.img_w})}, {"patch_size", m.patch_size},
-               {"in_chans", m.in_chans},   {"num_classes", m.num_classes},
-               {"embed_dim", m.embed_dim}, {"depth", m.depth},
-               {"num_heads", m.num_heads}, {"mlp_ratio", m.mlp_ratio},
-               {"qkv_bias", m.qkv_bias},   {"class_token", m.class_token},
-               {"global_pool", name_of(m.global_pool)},
-               {"reg_tokens", m.reg_tokens},
-               {"no_embed_class", m.no_embed_class},
-               {"pre_norm", m.pre_norm},
-               {"final_norm", m.final_norm},
-               {"fc_norm", m.use_fc_norm()},
-               {"qk_norm", m.qk_norm},
-               {"act_layer", name_of(m.act_layer)}};
-  args["init_values"] = m.init_values ? json(*m.init_values) : json(nullptr);
+  json args = write_model_fields(m, [](const std::string& field) {
+    return timm_lacks(field) || timm_not_written(field) ? "" : field;
+  });
+  args["img_size"] = json::array({m.img_h, m.img_w});
+  args["fc_norm"] = m.use_fc_norm();  // timm's own rule gives the same; written out, it says it
   json cfg = {{"tag", "vit"},
               {"custom_load", false},
               {"input_size", json::array({m.in_chans, m.img_h, m.img_w})},
@@ -263,12 +193,28 @@ std::map<std::string, json> timm_files(const ModelConfig& m, const Preprocess& p
   return files;
 }
 
+namespace {
+
+// The fields that say which family a model is of (all but the sizes, the rates and the epsilon), LayerScale as
+// present or not and fc_norm as it acts: what timm_architecture counts the differences of.
+json family_fields(ModelConfig m) {
+  if (m.init_values) m.init_values = 1.0;
+  m.fc_norm = m.use_fc_norm();
+  const std::set<std::string> sizes = {"img_size",  "patch_size", "in_chans",  "num_classes",
+                                       "embed_dim", "depth",      "num_heads", "mlp_ratio"};
+  return write_model_fields(m, [&](const std::string& field) {
+    return timm_lacks(field) || timm_not_written(field) || sizes.count(field) ? "" : field;
+  });
+}
+
+}  // namespace
 }  // namespace snapshot_detail
 
 std::string timm_architecture(const ModelConfig& m) {
   // `create_model` needs a registered name, and model_args carry every other field, so the name matters only for
   // what model_args cannot say: the LayerNorm epsilon (norm_layer), and init_values None (create_model drops None). Among the names with the model's epsilon, the
   // model's own preset, else the nearest by family options, patch, width, depth and resolution (a label only).
+  const nlohmann::json mine = snapshot_detail::family_fields(m);
   std::string best;
   int64_t best_gap = -1;
   for (const auto& arch : kTimmArchitectures) {
@@ -277,11 +223,9 @@ std::string timm_architecture(const ModelConfig& m) {
     // timm's create_model drops None arguments, so "no LayerScale" can only come from the name.
     if (!m.init_values && p.init_values) continue;
     if (arch.name == m.preset) return m.preset;
-    const int64_t family = (p.class_token != m.class_token) + (p.reg_tokens != m.reg_tokens) +
-                           (p.no_embed_class != m.no_embed_class) + (p.pre_norm != m.pre_norm) +
-                           (p.global_pool != m.global_pool) + (p.act_layer != m.act_layer) +
-                           (p.init_values.has_value() != m.init_values.has_value()) + (p.qk_norm != m.qk_norm) +
-                           (p.final_norm != m.final_norm) + (p.use_fc_norm() != m.use_fc_norm());
+    const nlohmann::json theirs = snapshot_detail::family_fields(p);
+    int64_t family = 0;
+    for (const auto& [field, value] : mine.items()) family += theirs.at(field) != value;
     const int64_t gap = family * 100000000 + std::abs(p.patch_size - m.patch_size) * 1000000 +
                         std::abs(p.embed_dim - m.embed_dim) * 100 + std::abs(p.depth - m.depth) * 10 +
                         std::abs(p.img_h - m.img_h) + std::abs(p.img_w - m.img_w);
