@@ -11,21 +11,17 @@
 #include <torch/torch.h>
 
 #include "config/config.h"
+#include "model/param_names.h"
 
 namespace vit {
 
-// True for parameters that get no weight decay: biases, norm weights, LayerScale, pos_embed, cls_token.
-bool no_weight_decay(const std::string& name, const torch::Tensor& parameter);
-
-// train.layer_decay: the layer of a ViT parameter: 0 for patch_embed, cls_token, reg_token, pos_embed and norm_pre,
-// i + 1 for blocks.i, depth + 1 for the rest (final norm, fc_norm, attn_pool, head), as BEiT and timm number them.
-int64_t layer_of(const std::string& name, int64_t depth);
-// Its learning-rate scale, decay^(depth + 1 - layer_of(name)): 1 for the head, decay^(depth + 1) for patch_embed.
+// train.layer_decay: a parameter's learning-rate scale, decay^(depth + 1 - layer_of(name)) (model/param_names.h):
+// 1 for the head, decay^(depth + 1) for patch_embed.
 double layer_decay_scale(const std::string& name, int64_t depth, double decay);
 
 // train.freeze: marks every parameter that one of `prefixes` matches as not requiring a gradient and returns their
-// names. A prefix matches whole dotted components ("blocks.1" is blocks.1 and blocks.1.*); "backbone" matches all
-// but head.*. Throws naming a prefix that matches nothing, and when nothing would be left to train.
+// names (model/param_names.h's parameter_in: whole dotted components; "backbone" is all but head.*). Throws naming a
+// prefix that matches nothing, and when nothing would be left to train.
 std::vector<std::string> freeze_parameters(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
                                            const std::vector<std::string>& prefixes);
 
