@@ -12,6 +12,7 @@
 
 #include "config/enum_names.h"
 #include "config/model_config.h"
+#include "util/field_key.h"
 
 namespace vit {
 
@@ -145,6 +146,12 @@ struct TrainConfig {
   double dist_timeout_s = 180;  // seconds before a missing rank is an error
   std::string output_root = "runs";  // where run directories are created
 };
+
+// Config keys in messages ("data.val_fraction", ...), through the field names the field list reads them by.
+#define VIT_DATA_KEY(field) VIT_KEY(::vit::DataConfig, "data", field)
+#define VIT_AUGMENT_KEY(field) VIT_KEY(::vit::AugmentConfig, "data.augment", field)
+#define VIT_PREPROCESS_KEY(field) VIT_KEY(::vit::Preprocess, "data", field)  // they sit directly under "data"
+#define VIT_TRAIN_KEY(field) VIT_KEY(::vit::TrainConfig, "train", field)
 
 struct Config {
   ModelConfig model;

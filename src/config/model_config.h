@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "config/enum_names.h"
+#include "util/field_key.h"
 
 namespace vit {
 
@@ -62,6 +63,11 @@ struct ModelConfig {
   // Whether the final norm sits after pooling (fc_norm) rather than on every token (norm): timm's use_fc_norm.
   bool use_fc_norm() const { return fc_norm.value_or(global_pool == GlobalPool::avg); }
 };
+
+// "model.<field>" in messages, through the field's name (util/fields.h's VIT_KEY). img_size is the one key that is
+// two fields (img_h, img_w): kImgSizeKey.
+#define VIT_MODEL_KEY(field) VIT_KEY(::vit::ModelConfig, "model", field)
+inline constexpr const char* kImgSizeKey = "img_size";
 
 // Upper bounds that validate() enforces: far beyond any published ViT, and low enough that every size derived from
 // them (tokens, parameter and MAC counts in model/flops.h) fits in int64, so a hostile file's metadata can neither

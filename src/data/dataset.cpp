@@ -21,7 +21,7 @@ namespace dataset_detail {
 
 void require_codec(const DataConfig& config, const std::shared_ptr<const ImageCodec>& codec) {
   if (!codec) {
-    throw std::runtime_error(std::string("data.format \"") + name_of(config.format) +
+    throw std::runtime_error(std::string(VIT_DATA_KEY(format) + " \"") + name_of(config.format) +
                              "\" decodes image files, but this vit was built without OpenCV");
   }
 }
@@ -96,8 +96,8 @@ class ClassSubsetDataset final : public Dataset {
  private:
   int64_t map(int64_t index) const {
     if (index < 0 || index >= size()) {
-      throw std::out_of_range("sample index " + std::to_string(index) + " out of range for " +
-                              std::to_string(size()) + " samples of data.classes");
+      throw std::out_of_range("sample index " + std::to_string(index) + " out of range for " + std::to_string(size()) +
+                              " samples of " + VIT_DATA_KEY(classes));
     }
     return indices_[index];
   }
@@ -127,9 +127,11 @@ Splits open_base(const DataConfig& config, const std::shared_ptr<const ImageCode
   }
   Splits splits;
     require_codec(config, codec);
-    if (config.train_shards.empty()) throw std::runtime_error("data.format \"wds\" needs data.train_shards");
+    if (config.train_shards.empty()) {
+      throw std::runtime_error(VIT_DATA_KEY(format) + " \"wds\" needs " + VIT_DATA_KEY(train_shards));
+    }
     if (config.val_shards.empty() && !train_only) {
-      throw std::runtime_error("data.format \"wds\" needs data.val_shards");
+      throw std::runtime_error(VIT_DATA_KEY(format) + " \"wds\" needs " + VIT_DATA_KEY(val_shards));
     }
 #if VIT_WITH_LIBARCHIVE
     const ShardOptions options{config.shuffle_buffer, config.label_field};
@@ -138,7 +140,8 @@ Splits open_base(const DataConfig& config, const std::shared_ptr<const ImageCode
     if (!config.val_shards.empty()) splits.val = open_shards(config.val_shards, options, codec, train.get());
     splits.test = config.test_shards.empty() ? splits.val : open_shards(config.test_shards, options, codec, train.get());
 #else
-    throw std::runtime_error("data.format \"wds\" reads tar shards, but this vit was built without libarchive");
+    throw std::runtime_error(VIT_DATA_KEY(format) +
+                             " \"wds\" reads tar shards, but this vit was built without libarchive");
 #endif
   return splits;
 }
@@ -165,12 +168,13 @@ std::vector<int64_t> resolve_classes(const std::vector<std::string>& wanted, con
         std::string list;
         for (size_t i = 0; i < names.size() && i < 20; ++i) list.append(i ? ", " : "").append(names[i]);
         if (names.size() > 20) list.append(", ...");
-        throw std::invalid_argument("data.classes: \"" + entry + "\" is neither a class of the dataset nor an " +
-                                    "index below " + std::to_string(names.size()) + " (classes: " + list + ")");
+        throw std::invalid_argument(VIT_DATA_KEY(classes) + ": \"" + entry +
+                                    "\" is neither a class of the dataset nor an index below " +
+                                    std::to_string(names.size()) + " (classes: " + list + ")");
       }
     }
     if (std::find(chosen.begin(), chosen.end(), index) != chosen.end()) {
-      throw std::invalid_argument("data.classes: \"" + entry + "\" chooses class " + names[index] + " twice");
+      throw std::invalid_argument(VIT_DATA_KEY(classes) + ": \"" + entry + "\" chooses class " + names[index] + " twice");
     }
     chosen.push_back(index);
   }
@@ -236,19 +240,20 @@ std::shared_ptr<const Dataset> subset(std::shared_ptr<const Dataset> parent, std
 Splits open_datasets(const DataConfig& config, uint64_t seed, const std::shared_ptr<const ImageCodec>& codec,
                      SplitsWanted wanted) {
   if (!(config.val_fraction >= 0.0 && config.val_fraction < 1.0)) {
-    throw std::invalid_argument("data.val_fraction " + std::to_string(config.val_fraction) + " is outside [0, 1)");
+    throw std::invalid_argument(VIT_DATA_KEY(val_fraction) + " " + std::to_string(config.val_fraction) +
+                                " is outside [0, 1)");
   }
   if (config.format == DataFormat::wds) {
     // Each of these picks samples by index, which a stream of shards cannot do without reading it all.
-    const char* key = !config.classes.empty()      ? "data.classes"
-                      : config.val_fraction > 0    ? "data.val_fraction"
-                      : config.train_per_class > 0 ? "data.train_per_class"
-                      : config.train_subset > 0    ? "data.train_subset"
-                      : config.val_subset > 0      ? "data.val_subset"
-                                                   : nullptr;
-    if (key) {
-      throw std::invalid_argument(std::string(key) + " does not apply to data.format \"wds\" (shards are read as a " +
-                                  "stream, not by index): write the split or subset as shards of its own");
+    const std::string key = !config.classes.empty()      ? VIT_DATA_KEY(classes)
+                            : config.val_fraction > 0    ? VIT_DATA_KEY(val_fraction)
+                            : config.train_per_class > 0 ? VIT_DATA_KEY(train_per_class)
+                            : config.train_subset > 0    ? VIT_DATA_KEY(train_subset)
+                            : config.val_subset > 0      ? VIT_DATA_KEY(val_subset)
+                                                         : std::string();
+    if (!key.empty()) {
+      throw std::invalid_argument(key + " does not apply to " + VIT_DATA_KEY(format) +
+                                  " \"wds\" (shards are read as a stream, not by index): write the split or subset as shards of its own");
     }
   }
   Splits splits = open_base(config, codec, wanted);
@@ -267,8 +272,8 @@ Splits open_datasets(const DataConfig& config, uint64_t seed, const std::shared_
   if (config.val_fraction > 0) {
     const int64_t total = splits.train->size();
     if (total < 2) {
-      throw std::runtime_error("data.val_fraction " + std::to_string(config.val_fraction) + " needs at least 2 " +
-                               "training samples, got " + std::to_string(total));
+      throw std::runtime_error(VIT_DATA_KEY(val_fraction) + " " + std::to_string(config.val_fraction) +
+                               " needs at least 2 training samples, got " + std::to_string(total));
     }
     const int64_t held_out = std::clamp<int64_t>(std::llround(static_cast<double>(total) * config.val_fraction), 1,
                                                  total - 1);

@@ -95,7 +95,9 @@ std::vector<std::string> names_from_file_or(const std::string& path, int64_t cou
 Splits open_cifar_splits(const DataConfig& config) {
   Splits splits;
   if (config.format == DataFormat::cifar10) {
-    if (config.root.empty()) throw std::runtime_error("data.format \"cifar10\" needs data.root");
+    if (config.root.empty()) {
+      throw std::runtime_error(VIT_DATA_KEY(format) + " \"cifar10\" needs " + VIT_DATA_KEY(root));
+    }
     const std::string dir = cifar_directory(config.root, "data_batch_1.bin", "cifar-10-batches-bin");
     const std::vector<std::string> names = names_from_file_or(
         (stdfs::path(dir) / "batches.meta.txt").string(), 10,
@@ -108,7 +110,9 @@ Splits open_cifar_splits(const DataConfig& config) {
     splits.test = load_cifar({(stdfs::path(dir) / "test_batch.bin").string()}, 1, 10, names);
     splits.val = splits.test;
   } else {  // DataFormat::cifar100
-    if (config.root.empty()) throw std::runtime_error("data.format \"cifar100\" needs data.root");
+    if (config.root.empty()) {
+      throw std::runtime_error(VIT_DATA_KEY(format) + " \"cifar100\" needs " + VIT_DATA_KEY(root));
+    }
     const std::string dir = cifar_directory(config.root, "train.bin", "cifar-100-binary");
     const std::vector<std::string> names =
         names_from_file_or((stdfs::path(dir) / "fine_label_names.txt").string(), 100, numbered_classes(100));

@@ -114,7 +114,9 @@ Splits open_csv_splits(const DataConfig& config, const std::shared_ptr<const Ima
                        bool train_only) {
   Splits splits;
   require_codec(config, codec);
-  if (config.train_csv.empty()) throw std::runtime_error("data.format \"csv\" needs data.train_csv");
+  if (config.train_csv.empty()) {
+    throw std::runtime_error(VIT_DATA_KEY(format) + " \"csv\" needs " + VIT_DATA_KEY(train_csv));
+  }
   const std::vector<CsvRow> train_rows = read_csv(config.train_csv);
   const std::vector<std::string> classes = csv_classes(config.train_csv, train_rows);
   splits.train = csv_split(config.train_csv, train_rows, classes, codec);
@@ -125,8 +127,8 @@ Splits open_csv_splits(const DataConfig& config, const std::shared_ptr<const Ima
     splits.test = splits.val;
   }
   if (!splits.val && config.val_fraction <= 0 && !train_only) {
-    throw std::runtime_error("data.format \"csv\" needs data.val_csv, or data.val_fraction to hold out part of "
-                             "the training set");
+    throw std::runtime_error(VIT_DATA_KEY(format) + " \"csv\" needs " + VIT_DATA_KEY(val_csv) + ", or " +
+                             VIT_DATA_KEY(val_fraction) + " to hold out part of the training set");
   }
   return splits;
 }

@@ -85,9 +85,10 @@ Splits open_folder_splits(const DataConfig& config, const std::shared_ptr<const 
     } else if ((config.val_fraction > 0 || train_only) && !root.empty()) {
       train_dir = root;  // root/<class>/..., with the validation part held out unless only training is wanted
     } else {
-      throw std::runtime_error("data.format \"folder\": no training folder (" +
-                               (root.empty() ? std::string("data.root is empty") : candidate + " not found") +
-                               "); set data.train_dir, or data.root with data.val_fraction");
+      throw std::runtime_error(
+          VIT_DATA_KEY(format) + " \"folder\": no training folder (" +
+          (root.empty() ? std::string(VIT_DATA_KEY(root) + " is empty") : candidate + " not found") + "); set " +
+          VIT_DATA_KEY(train_dir) + ", or " + VIT_DATA_KEY(root) + " with " + VIT_DATA_KEY(val_fraction));
     }
   }
   const FileList train = scan_folder(train_dir);
@@ -105,9 +106,10 @@ Splits open_folder_splits(const DataConfig& config, const std::shared_ptr<const 
     splits.test = splits.val;
   }
   if (!splits.val && config.val_fraction <= 0 && !train_only) {
-    throw std::runtime_error("data.format \"folder\": no validation folder (" +
-                             (root.empty() ? std::string("data.root is empty") : under_root("val") + " not found") +
-                             "); set data.val_dir, or data.val_fraction to hold out part of the training set");
+    throw std::runtime_error(
+        VIT_DATA_KEY(format) + " \"folder\": no validation folder (" +
+        (root.empty() ? std::string(VIT_DATA_KEY(root) + " is empty") : under_root("val") + " not found") + "); set " +
+        VIT_DATA_KEY(val_dir) + ", or " + VIT_DATA_KEY(val_fraction) + " to hold out part of the training set");
   }
   return splits;
 }

@@ -301,7 +301,7 @@ Geometry geometry(const ModelConfig& m, bool dynamic, const std::string& path) {
                    " is not a positive multiple of patch_size " + std::to_string(m.patch_size));
   }
   if (m.num_heads <= 0 || m.embed_dim <= 0 || m.embed_dim % m.num_heads != 0) {
-    fail(path, "model.num_heads " + std::to_string(m.num_heads) + " does not divide embed_dim " +
+    fail(path, VIT_MODEL_KEY(num_heads) + " " + std::to_string(m.num_heads) + " does not divide embed_dim " +
                    std::to_string(m.embed_dim));
   }
   if (m.depth < 1 || m.in_chans < 1 || m.num_classes < 0) {
@@ -309,11 +309,11 @@ Geometry geometry(const ModelConfig& m, bool dynamic, const std::string& path) {
                    ", num_classes " + std::to_string(m.num_classes) + " out of range");
   }
   if (m.global_pool == GlobalPool::token && !m.class_token) {
-    fail(path, "model.global_pool \"token\" needs class_token true");
+    fail(path, VIT_MODEL_KEY(global_pool) + " \"token\" needs class_token true");
   }
   if (dynamic && m.rel_pos_bias) {
-    fail(path, "a dynamic input size cannot hold the relative position bias (model.rel_pos_bias): its table is "
-               "gathered per grid; export at a fixed size (--img-size) instead");
+    fail(path, "a dynamic input size cannot hold the relative position bias (" + VIT_MODEL_KEY(rel_pos_bias) +
+                   "): its table is gathered per grid; export at a fixed size (--img-size) instead");
   }
   Geometry g{};
   g.dynamic = dynamic;

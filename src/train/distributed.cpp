@@ -146,7 +146,7 @@ class C10dCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       throw std::runtime_error("rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + ": " +
                                backend_ + " " + what + " failed (a peer died, or did not answer within " +
-                               "train.dist_timeout_s): " + reason(e));
+                               VIT_TRAIN_KEY(dist_timeout_s) + "): " + reason(e));
     }
   }
 
@@ -299,14 +299,14 @@ std::unique_ptr<Communicator> join_process_group(const DistEnv& env, const Train
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   } catch (const std::exception& e) {
-    throw std::runtime_error(who + ": rendezvous at " + where + " failed within train.dist_timeout_s=" +
-                             seconds_text(train.dist_timeout_s) + ": " + reason(e) + hint);
+    throw std::runtime_error(who + ": rendezvous at " + where + " failed within " + VIT_TRAIN_KEY(dist_timeout_s) +
+                             "=" + seconds_text(train.dist_timeout_s) + ": " + reason(e) + hint);
   }
 
   if (backend == "nccl") {
 #if VIT_HAVE_NCCL
     if (!device.is_cuda()) {
-      throw std::invalid_argument("train.dist_backend nccl needs a CUDA device, but training runs on " +
+      throw std::invalid_argument(VIT_TRAIN_KEY(dist_backend) + " nccl needs a CUDA device, but training runs on " +
                                   device.str() + " (use gloo)");
     }
     request_nccl_blocking_wait();
@@ -322,7 +322,8 @@ std::unique_ptr<Communicator> join_process_group(const DistEnv& env, const Train
                                                                       device);
 #else
     throw std::invalid_argument(
-        "train.dist_backend nccl: this vit was built against a libtorch without NCCL (or without nccl.h); use gloo");
+        VIT_TRAIN_KEY(dist_backend) +
+        " nccl: this vit was built against a libtorch without NCCL (or without nccl.h); use gloo");
 #endif
   }
 
@@ -332,7 +333,7 @@ std::unique_ptr<Communicator> join_process_group(const DistEnv& env, const Train
   try {
     group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, options);
   } catch (const std::exception& e) {
-    throw std::runtime_error(who + ": gloo group did not form within train.dist_timeout_s=" +
+    throw std::runtime_error(who + ": gloo group did not form within " + VIT_TRAIN_KEY(dist_timeout_s) + "=" +
                              seconds_text(train.dist_timeout_s) + ": " + reason(e));
   }
   return std::make_unique<C10dCommunicator<c10d::ProcessGroupGloo>>(group, env.rank, env.world_size, "gloo",

@@ -34,13 +34,16 @@ std::vector<std::string> freeze_parameters(const std::vector<std::pair<std::stri
       }
       std::string list;
       for (const auto& top : tops) list.append(list.empty() ? "" : ", ").append(top);
-      throw std::invalid_argument("train.freeze: \"" + prefix + "\" matches no parameter of the model (it has " +
-                                  list + ", ...; or \"backbone\" for all but the head)");
+      throw std::invalid_argument(VIT_TRAIN_KEY(freeze) + ": \"" + prefix +
+                                  "\" matches no parameter of the model (it has " + list +
+                                  ", ...; or \"backbone\" for all but the head)");
     }
   }
   const bool any_left = std::any_of(named_parameters.begin(), named_parameters.end(),
                                     [](const auto& item) { return item.second.requires_grad(); });
-  if (!any_left) throw std::invalid_argument("train.freeze freezes every parameter: nothing is left to train");
+  if (!any_left) {
+    throw std::invalid_argument(VIT_TRAIN_KEY(freeze) + " freezes every parameter: nothing is left to train");
+  }
   return frozen;
 }
 

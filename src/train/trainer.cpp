@@ -80,7 +80,8 @@ torch::Device training_device(const TrainConfig& tc, const DistEnv& env) {
   torch::Device device = resolve_device(tc.device);
   if (device.is_cuda() && env.world_size > 1) device = torch::Device(torch::kCUDA, env.local_rank);
   if (tc.amp != AmpMode::off && !device.is_cuda()) {
-    log::warn(std::string("train.amp=") + name_of(tc.amp) + " needs CUDA; training in float32 on " + device.str());
+    log::warn(std::string(VIT_TRAIN_KEY(amp) + "=") + name_of(tc.amp) + " needs CUDA; training in float32 on " +
+              device.str());
   }
   return device;
 }
@@ -176,7 +177,7 @@ Training::Training(const TrainRequest& request, const TrainHooks& hooks)
   const bool resuming = !request.resume_dir.empty();
   if (env_.world_size > 1) log::set_prefix("[rank " + std::to_string(env_.rank) + "] ");
   if (config_.model.num_classes != num_classes_) {
-    log::info("model.num_classes " + std::to_string(config_.model.num_classes) + " -> " +
+    log::info(VIT_MODEL_KEY(num_classes) + " " + std::to_string(config_.model.num_classes) + " -> " +
               std::to_string(num_classes_) + " (the dataset's classes)");
     config_.model.num_classes = num_classes_;
   }
@@ -185,7 +186,9 @@ Training::Training(const TrainRequest& request, const TrainHooks& hooks)
   RawAugment raw_augment;
   const auto& augment = config_.data.augment;
   if (augment.randaugment_ops > 0) {
-    if (!hooks.make_randaugment) throw std::invalid_argument("data.augment.randaugment_ops needs a build with OpenCV");
+    if (!hooks.make_randaugment) {
+      throw std::invalid_argument(VIT_AUGMENT_KEY(randaugment_ops) + " needs a build with OpenCV");
+    }
     raw_augment = hooks.make_randaugment(augment.randaugment_ops, augment.randaugment_magnitude);
   }
   LoaderOptions train_options;
@@ -207,7 +210,7 @@ Training::Training(const TrainRequest& request, const TrainHooks& hooks)
   eval_loader_.emplace(splits_.val, make_eval_transform(config_.data, config_.model), eval_options);
   steps_per_epoch_ = train_loader_->batches_per_epoch() / tc_.accum_steps;
   if (steps_per_epoch_ < 1) {
-    throw std::invalid_argument("train.batch_size " + std::to_string(tc_.batch_size) + " x accum_steps " +
+    throw std::invalid_argument(VIT_TRAIN_KEY(batch_size) + " " + std::to_string(tc_.batch_size) + " x accum_steps " +
                                 std::to_string(tc_.accum_steps) + " x ranks " + std::to_string(env_.world_size) +
                                 " is larger than the training set (" + std::to_string(splits_.train->size()) +
                                 " samples)");
@@ -230,10 +233,10 @@ Training::Training(const TrainRequest& request, const TrainHooks& hooks)
     const double decay = tc_.layer_decay;
     lr_scale = [depth, decay](const std::string& name) { return layer_decay_scale(name, depth, decay); };
     char text[160];
-    std::snprintf(text, sizeof text, "train.layer_decay %g: lr x%.4g for patch_embed and pos_embed .. x%.4g for "
-                  "block %lld .. x1 for the head", decay, std::pow(decay, depth + 1.0), decay,
-                  static_cast<long long>(depth - 1));
-    log::info(text);
+    std::snprintf(text, sizeof text,
+                  " %g: lr x%.4g for patch_embed and pos_embed .. x%.4g for block %lld .. x1 for the head", decay,
+                  std::pow(decay, depth + 1.0), decay, static_cast<long long>(depth - 1));
+    log::info(VIT_TRAIN_KEY(layer_decay) + text);
   }
   optimizer_.emplace(named_parameters_, tc_, lr_scale);
   // Averages gradients over ranks, each bucket's all-reduce overlapping the rest of backward (no-op for one rank).
@@ -253,7 +256,7 @@ Training::Training(const TrainRequest& request, const TrainHooks& hooks)
   reached_max_ = tc_.max_steps > 0 && rs_.global_step >= tc_.max_steps;
 
   if (!frozen_.empty()) {
-    log::info("train.freeze: " + std::to_string(frozen_.size()) + " tensors frozen, " +
+    log::info(VIT_TRAIN_KEY(freeze) + ": " + std::to_string(frozen_.size()) + " tensors frozen, " +
               std::to_string(count_parameters(*net_) - optimizer_->params().numel()) + " parameters");
   }
   log::info("training " + std::to_string(optimizer_->params().numel()) + " parameters on " + device_.str() + " for " +
@@ -343,7 +346,8 @@ EvalResult Training::evaluate_weights(const torch::Tensor& weights) {
 void Training::diverged(const std::string& what, const std::string& where) const {
   throw std::runtime_error("training diverged: " + what + " at step " + std::to_string(rs_.global_step + 1) +
                            " (epoch " + std::to_string(rs_.epoch + 1) + ")" + where + "; the last good checkpoint in " +
-                           dir_->path() + " is untouched (try a lower train.lr or train.clip_grad)");
+                           dir_->path() + " is untouched (try a lower " + VIT_TRAIN_KEY(lr) + " or " +
+                           VIT_TRAIN_KEY(clip_grad) + ")");
 }
 
 bool Training::steps_left_in_epoch() const { return rs_.step_in_epoch < steps_per_epoch_ && !reached_max_; }
