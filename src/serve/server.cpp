@@ -1,6 +1,6 @@
-// The HTTP side of `vit serve` on Debian's cpp-httplib 0.11 (thread per connection): request checks, bodies read
-// under a deadline, images decoded on the connection's thread, the model run by the batcher, answers as JSON (or
-// .npy), metrics, and a shutdown that answers every request already read.
+// The HTTP side of `vit serve` on Debian's cpp-httplib 0.11 (thread per connection): the routes, images decoded on
+// the connection's thread, the model run by the batcher, answers as JSON (or .npy), metrics, and a shutdown that
+// answers every request already read. What a request is checked and read by is serve/http_request.h.
 #include "serve/server.h"
 
 #include <netinet/in.h>
@@ -25,6 +25,7 @@
 #include "infer/embed.h"
 #include "infer/predict.h"
 #include "io/npy.h"
+#include "serve/http_request.h"
 #include "serve/metrics.h"
 #include "util/log.h"
 #include "util/text.h"
@@ -33,12 +34,18 @@ namespace vit {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// A request refused or failed: its HTTP status and the one-line reason sent back as {"error": ...}.
-struct HttpError : std::runtime_error {
-  int status;
-  HttpError(int code, const std::string& message) : std::runtime_error(message), status(code) {}
-};
+using serve_http::HttpError;
+using serve_http::Upload;
+using serve_http::check_image_request;
+using serve_http::check_key;
+using serve_http::check_params;
+using serve_http::drain;
+using serve_http::flag_param;
+using serve_http::int_param;
+using serve_http::json_text;
+using serve_http::media_type;
+using serve_http::read_uploads;
+using serve_http::send_error;
 
 const char* kClassify = "/v1/classify";
 const char* kEmbed = "/v1/embed";
@@ -50,70 +57,6 @@ std::string endpoint_label(const std::string& path) {
     if (path == known) return known;
   }
   return "other";
-}
-
-std::string json_text(const nlohmann::json& value) {
-  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // class names may not be UTF-8
-}
-
-void send_error(httplib::Response& res, int status, const std::string& message) {
-  res.status = status;
-  res.set_content(json_text({{"error", printable(message)}}), "application/json");
-  if (status == 503) res.set_header("Retry-After", "1");
-}
-
-// Equal keys, in a time that depends on the expected key's length only, never on where a guess first differs.
-bool same_key(const std::string& given, const std::string& key) {
-  volatile unsigned char difference = given.size() == key.size() ? 0 : 1;
-  for (size_t i = 0; i < key.size(); ++i) {
-    const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
-    difference = difference | (g ^ static_cast<unsigned char>(key[i]));
-  }
-  return difference == 0;
-}
-
-// The media type of a Content-Type value, lower case, without parameters.
-std::string media_type(const std::string& content_type) {
-  std::string type = content_type.substr(0, content_type.find(';'));
-  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.pop_back();
-  for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return type;
-}
-
-bool is_image_type(const std::string& type) {
-  return type.rfind("image/", 0) == 0 || type == "application/octet-stream";
-}
-
-// A query parameter as a whole number in [low, high]; `fallback` when absent.
-int64_t int_param(const httplib::Request& req, const std::string& name, int64_t fallback, int64_t low, int64_t high) {
-  if (!req.has_param(name)) return fallback;
-  const std::string text = req.get_param_value(name);
-  if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoll(text) < low || std::stoll(text) > high) {
-    throw HttpError(400, name + "=" + text + " is not a whole number in " + std::to_string(low) + ".." +
-                             std::to_string(high));
-  }
-  return std::stoll(text);
-}
-
-bool flag_param(const httplib::Request& req, const std::string& name) {
-  if (!req.has_param(name)) return false;
-  const std::string text = req.get_param_value(name);
-  if (text == "1" || text == "true" || text.empty()) return true;
-  if (text == "0" || text == "false") return false;
-  throw HttpError(400, name + "=" + text + " is not 1, true, 0 or false");
-}
-
-void check_params(const httplib::Request& req, std::initializer_list<const char*> known) {
-  for (const auto& [name, value] : req.params) {
-    bool ok = false;
-    std::string names;
-    for (const char* k : known) {
-      ok = ok || name == k;
-      names += names.empty() ? k : std::string(", ") + k;
-    }
-    if (!ok) throw HttpError(400, "unknown query parameter '" + name + "' (known: " + names + ")");
-  }
 }
 
 // The connections' threads read the batcher's answers through data pointers only, never calling a LibTorch operator:
@@ -131,12 +74,6 @@ nlohmann::json rows_json(const torch::Tensor& rows, int64_t row) {
   for (int64_t i = 0; i < size / width; ++i) out.push_back(std::vector<float>(data + i * width, data + (i + 1) * width));
   return out;
 }
-
-
-struct Upload {
-  std::string name;   // the form's file name (or field name); "body" for a raw body. Only ever echoed back.
-  std::string bytes;  // the encoded image
-};
 
 // What an image endpoint does with its request's images: the batch key (requests with the same key share forward
 // passes), the batch's run, and the answer from this request's rows of the outputs.
@@ -156,6 +93,7 @@ thread_local std::optional<Clock::time_point> t_request_start;
 struct Server::Impl {
   LoadedModel& model;
   ServeOptions options;
+  serve_http::RequestLimits request_limits;  // options' body size, time and key
   torch::Device device;
   ServeMetrics metrics;
   Batcher batcher;
@@ -171,6 +109,7 @@ struct Server::Impl {
   Impl(LoadedModel& loaded, ServeOptions opts)
       : model(loaded),
         options(std::move(opts)),
+        request_limits{options.max_body_bytes, options.timeout_s, options.api_key},
         device(model.net->parameters().front().device()),
         batcher(options.batching, [this](int64_t images, double seconds) { metrics.batch(images, seconds); }),
         normalizer(model.preprocess, model.model.in_chans) {
@@ -184,111 +123,9 @@ struct Server::Impl {
     return device.is_cuda() ? inputs.pin_memory().to(device, /*non_blocking=*/true) : inputs;
   }
 
-  void check_key(const httplib::Request& req) const {
-    if (options.api_key.empty()) return;
-    std::string given = req.get_header_value("X-API-Key");
-    const std::string authorization = req.get_header_value("Authorization");
-    if (authorization.rfind("Bearer ", 0) == 0) given = authorization.substr(7);
-    if (given.empty()) throw HttpError(401, "this server needs an API key: Authorization: Bearer KEY or X-API-Key");
-    if (!same_key(given, options.api_key)) throw HttpError(401, "wrong API key");
-  }
 
-  // Throws HttpError for what can be refused from the headers alone: key, readiness, length, content type.
-  void check_image_request(const httplib::Request& req) const {
-    check_key(req);
-    if (!ready) throw HttpError(503, "the model is still warming up");
-    const bool chunked = media_type(req.get_header_value("Transfer-Encoding")) == "chunked";
-    if (!chunked && !req.has_header("Content-Length")) {
-      throw HttpError(411, "a request body needs a Content-Length (or chunked transfer encoding)");
-    }
-    if (req.has_header("Content-Length") &&
-        req.get_header_value<uint64_t>("Content-Length") > static_cast<uint64_t>(options.max_body_bytes)) {
-      throw HttpError(413, "the body of " + req.get_header_value("Content-Length") + " bytes is over --max-body-mb (" +
-                               std::to_string(options.max_body_bytes >> 20) + " MiB)");
-    }
-    if (req.is_multipart_form_data()) return;
-    const std::string type = media_type(req.get_header_value("Content-Type"));
-    if (!is_image_type(type)) {
-      throw HttpError(415, "Content-Type " + (type.empty() ? std::string("(none)") : type) +
-                               " is not an image: send one image as image/jpeg, image/png, ... (curl: -H "
-                               "'Content-Type: image/jpeg' --data-binary @FILE), or files as multipart/form-data "
-                               "(curl -F image=@FILE)");
-    }
-  }
 
-  // Reads and drops the body of a refused request, so that its connection stays usable; a body over the limit is
-  // not read (the connection closes instead).
-  void drain(const httplib::Request& req, const httplib::ContentReader& reader, httplib::Response& res) const {
-    const bool small = req.has_header("Content-Length") &&
-                       req.get_header_value<uint64_t>("Content-Length") <=
-                           static_cast<uint64_t>(options.max_body_bytes);
-    if (!small) {
-      res.set_header("Connection", "close");
-      return;
-    }
-    const auto deadline = Clock::now() + std::chrono::seconds(options.timeout_s);
-    auto drop = [&](const char*, size_t) { return Clock::now() < deadline; };
-    const int status = res.status;
-    const bool whole = req.is_multipart_form_data()
-                           ? reader([](const httplib::MultipartFormData&) { return true; }, drop)
-                           : reader(drop);
-    if (!whole) res.set_header("Connection", "close");
-    res.status = status;
-  }
 
-  std::vector<Upload> read_uploads(const httplib::Request& req, const httplib::ContentReader& reader,
-                                   httplib::Response& res) const {
-    const auto deadline = Clock::now() + std::chrono::seconds(options.timeout_s);
-    std::vector<Upload> uploads;
-    int64_t total = 0;
-    std::optional<HttpError> failure;
-    auto take = [&](const char* data, size_t n) {
-      total += static_cast<int64_t>(n);
-      if (total > options.max_body_bytes) {
-        failure.emplace(413, "the body is over --max-body-mb (" + std::to_string(options.max_body_bytes >> 20) +
-                                 " MiB)");
-      } else if (Clock::now() > deadline) {
-        failure.emplace(408, "the body did not arrive within --timeout-s (" + std::to_string(options.timeout_s) +
-                                 " s)");
-      } else if (uploads.empty()) {
-        failure.emplace(400, "form data before the first part");
-      }
-      if (failure) return false;
-      uploads.back().bytes.append(data, n);
-      return true;
-    };
-    bool whole = false;
-    if (req.is_multipart_form_data()) {
-      whole = reader(
-          [&](const httplib::MultipartFormData& part) {
-            if (part.filename.empty() && !is_image_type(media_type(part.content_type))) {
-              failure.emplace(400, "form field '" + part.name +
-                                       "' holds no file: send images as files (curl -F image=@FILE)");
-              return false;
-            }
-            uploads.push_back({part.filename.empty() ? part.name : part.filename, {}});
-            return true;
-          },
-          take);
-    } else {
-      uploads.push_back({"body", {}});
-      whole = reader(take);
-    }
-    if (!whole) {
-      res.set_header("Connection", "close");  // the rest of a body cut short cannot be told from a next request
-      if (failure) throw *failure;
-      if (res.status == 413) throw HttpError(413, "the body is over --max-body-mb");
-      const std::string why = "ended before its Content-Length, or nothing arrived for --timeout-s (" +
-                              std::to_string(options.timeout_s) + " s)";
-      throw HttpError(400, req.is_multipart_form_data() ? "the multipart form is malformed, or the body " + why
-                                                        : "the body " + why);
-    }
-    if (uploads.empty()) throw HttpError(400, "the form holds no file: send images as files (curl -F image=@FILE)");
-    for (const auto& upload : uploads) {
-      if (upload.bytes.empty()) throw HttpError(400, printable(upload.name) + ": empty: no image was sent");
-    }
-    return uploads;
-  }
 
   // An uploaded image to the model's input, on the batcher's intra-op threads (serve/batcher.h).
   torch::Tensor prepare(const BatchItem& item) {
@@ -306,7 +143,7 @@ struct Server::Impl {
     ImageEndpoint endpoint;
     Batcher::Ticket ticket;
     try {
-      check_image_request(req);
+      check_image_request(req, request_limits, ready);
       endpoint = endpoint_of();
       try {
         ticket = batcher.admit();
@@ -315,11 +152,11 @@ struct Server::Impl {
       }
     } catch (const HttpError& e) {
       send_error(res, e.status, e.what());
-      drain(req, reader, res);
+      drain(req, reader, res, request_limits);
       return;
     }
     try {
-      auto uploads = read_uploads(req, reader, res);
+      auto uploads = read_uploads(req, reader, res, request_limits);
       std::vector<std::string> names;
       std::vector<BatchItem> items;
       for (auto& upload : uploads) {
@@ -461,7 +298,7 @@ struct Server::Impl {
     http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (req.path != kClassify && req.path != kEmbed) return 100;
       try {
-        check_image_request(req);
+        check_image_request(req, request_limits, ready);
         if (batcher.in_flight() >= options.batching.max_queue) throw HttpError(503, "the server is at capacity");
       } catch (const HttpError& e) {
         send_error(res, e.status, e.what());
@@ -505,7 +342,7 @@ struct Server::Impl {
     }
     http.Get(kModel, [this](const httplib::Request& req, httplib::Response& res) {
       try {
-        check_key(req);
+        check_key(req, request_limits);
       } catch (const HttpError& e) {
         return send_error(res, e.status, e.what());
       }
@@ -520,7 +357,7 @@ struct Server::Impl {
     });
     http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       try {
-        check_key(req);
+        check_key(req, request_limits);
       } catch (const HttpError& e) {
         return send_error(res, e.status, e.what());
       }
