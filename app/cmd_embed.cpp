@@ -37,11 +37,11 @@ std::string shape_text(const torch::Tensor& tensor) {
 int run_embed(const EmbedCommandOptions& o) {
   auto model = load_image_model(o.image_model);
   EmbedOptions options;
-  if (!o.layers.empty()) options.layers = parse_block_indices(o.layers, model.model.depth, "--layers");
+  if (!o.layers.empty()) options.layers = parse_block_indices(o.layers, model.config().depth, "--layers");
   if (!o.pool.empty()) options.pool = enum_from_name<EmbedPool>(o.pool);
   options.batch_size = o.batch_size;
   options.limits = o.image_model.limits;
-  check_embed_options(model.model, options, model.path);  // before any image is read
+  check_embed_options(model.config(), options, model.path);  // before any image is read
   const auto files = start_image_run(model, o.image_model);
 
   ProgressOptions shown;

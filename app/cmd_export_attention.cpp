@@ -43,7 +43,7 @@ struct ExportAttentionOptions {
 #if VIT_WITH_OPENCV
 int run_export_attention(const ExportAttentionOptions& o) {
   auto model = load_image_model(o.image_model);
-  const ModelConfig& config = model.model;
+  const ModelConfig& config = model.config();
   AttentionExportOptions options;
   options.limits = o.image_model.limits;
   options.layers = parse_index_list(o.layers, config.depth, "--layers");

@@ -38,7 +38,7 @@ int run_info(const InfoOptions& options) {
   std::vector<std::pair<std::string, std::string>> sources;
   if (!options.checkpoint.empty()) {
     auto loaded = load_model_args(options.checkpoint, options.config);
-    model = loaded.model, preprocess = loaded.preprocess, classes = loaded.class_names;
+    model = loaded.config(), preprocess = loaded.preprocess, classes = loaded.class_names;
     params = count_parameters(*loaded.net);
     fp32_bytes = weight_bytes = loaded.net->weight_bytes();
     precision = chosen_precision(loaded, options.precision, torch::kCPU);

@@ -87,8 +87,8 @@ std::vector<IndexRow> read_index(const std::string& path) {
 torch::Tensor library_inputs(const LoadedModel& model, const std::vector<std::string>& paths) {
   std::vector<torch::Tensor> rows;
   for (const auto& path : paths) {
-    rows.push_back(preprocess(decode_image(path), model.preprocess, model.model.img_h, model.model.img_w,
-                              model.model.in_chans));
+    rows.push_back(preprocess(decode_image(path), model.preprocess, model.config().img_h, model.config().img_w,
+                              model.config().in_chans));
   }
   return torch::stack(rows);
 }

@@ -52,7 +52,7 @@ TEST_P(TimmFamily, LoadsWithNoConfigAndMatchesTimm) {
   EXPECT_EQ(count_parameters(*model.net), expected.tensor("num_params").item<int64_t>());
   // vit info's table counts every parameter.
   int64_t counted = 0;
-  for (const auto& cost : layer_costs(model.model)) counted += cost.params;
+  for (const auto& cost : layer_costs(model.config())) counted += cost.params;
   EXPECT_EQ(counted, count_parameters(*model.net));
 
   torch::NoGradGuard no_grad;
@@ -68,13 +68,13 @@ TEST_P(TimmFamily, LoadsWithNoConfigAndMatchesTimm) {
     const double logit_diff = max_abs_diff(logits, expected.tensor("logits." + at));
     const double explicit_diff = max_abs_diff(explicit_logits, expected.tensor("logits." + at));
     double attention_diff = 0;
-    ASSERT_EQ(static_cast<int64_t>(capture.attention_probs.size()), model.model.depth);
+    ASSERT_EQ(static_cast<int64_t>(capture.attention_probs.size()), model.config().depth);
     for (size_t b = 0; b < capture.attention_probs.size(); ++b) {
       attention_diff = std::max(attention_diff, max_abs_diff(capture.attention_probs[b],
                                                              expected.tensor("attn." + at + "." + std::to_string(b))));
     }
     const bool map_head = expected.find("pool." + at) != nullptr;
-    EXPECT_EQ(map_head, model.model.global_pool == GlobalPool::map);
+    EXPECT_EQ(map_head, model.config().global_pool == GlobalPool::map);
     const double pool_diff = map_head ? max_abs_diff(capture.pool_attention, expected.tensor("pool." + at)) : 0.0;
     std::cout << c.name << " at " << pixels.size(2) << "x" << pixels.size(3) << ": max |d| logits " << logit_diff
               << " (explicit attention " << explicit_diff << "), attention " << attention_diff
@@ -89,7 +89,7 @@ TEST_P(TimmFamily, LoadsWithNoConfigAndMatchesTimm) {
   if (!c.resample.empty()) {
     // train --init-from at another size: the position embedding resampled as timm's checkpoint filter does it
     // (bicubic, antialiased, prefix rows kept apart unless no_embed_class).
-    ModelConfig bigger = model.model;
+    ModelConfig bigger = model.config();
     bigger.img_h = std::stoll(c.resample.substr(0, c.resample.find('x')));
     bigger.img_w = std::stoll(c.resample.substr(c.resample.find('x') + 1));
     VisionTransformer net(bigger);

@@ -33,7 +33,7 @@ constexpr double kLogitTolerance = 1e-4;
 
 torch::Tensor our_logits(LoadedModel& model, const std::string& image, torch::Tensor* pixels = nullptr) {
   torch::NoGradGuard no_grad;
-  const auto& m = model.model;
+  const auto& m = model.config();
   const auto x = preprocess(decode_image(image), model.preprocess, m.img_h, m.img_w, m.in_chans).unsqueeze(0);
   if (pixels) *pixels = x;
   return model.net->forward(x);
@@ -138,11 +138,11 @@ TEST_P(HfSnapshot, PredictsLikeTransformersWithNoConfig) {
     expect_within_one_level(pixels, expected.tensor("pixels_torchvision"), model.preprocess);
     EXPECT_LE(logit_diff, kLogitTolerance);
     EXPECT_EQ(model.class_names, (std::vector<std::string>{"cat", "dog", "eel"}));
-    EXPECT_EQ(model.model.layer_norm_eps, 1e-12);
+    EXPECT_EQ(model.config().layer_norm_eps, 1e-12);
     EXPECT_EQ(source_of(model, "preprocess"), "preprocessor_config.json: ViTImageProcessor");
 
     // Fine-tuning from the folder: the backbone is copied, the head re-initialised for another class count.
-    ModelConfig other = model.model;
+    ModelConfig other = model.config();
     other.num_classes = 7;
     VisionTransformer net(other);
     const auto notes = load_for_finetune(snap, net);
@@ -172,7 +172,7 @@ LoadedModel our_model(ModelConfig config, const Preprocess& preprocess, const st
 
 // Inputs x.1 (batch 1) and x.3 (batch 3) for the checks, and our logits for them.
 std::map<std::string, torch::Tensor> write_inputs(LoadedModel& model, const std::string& path) {
-  const auto& m = model.model;
+  const auto& m = model.config();
   torch::manual_seed(4);
   std::map<std::string, torch::Tensor> ours;
   safetensors::NamedTensors inputs;
@@ -229,7 +229,7 @@ TEST_P(ExportTimm, LoadsInTimmStrictWithTheSameLogitsAndPreprocessing) {
     EXPECT_NE(labels.find("class 3"), std::string::npos) << labels;
     // And back: the snapshot loads here as the model it came from.
     auto again = load_model(out);
-    EXPECT_EQ(to_json(again.model), to_json(model.model));
+    EXPECT_EQ(to_json(again.config()), to_json(model.config()));
     EXPECT_EQ(again.class_names, model.class_names);
   }
 }
@@ -674,7 +674,7 @@ TEST(ExportOnnxCli, DynamicSizeMatchesPredictAtThreeSizes) {
   EXPECT_TRUE(file_exists(onnx + ".data"));
   EXPECT_NE((exported.output + exported.errors).find("model.onnx.data"), std::string::npos) << exported.errors;
   const auto model = load_model(snap);
-  const auto& m = model.model;
+  const auto& m = model.config();
   safetensors::NamedTensors inputs;
   std::map<std::string, torch::Tensor> predicted;
   for (const auto& [h, w] : std::vector<std::pair<int64_t, int64_t>>{{32, 32}, {48, 48}, {32, 64}}) {

@@ -27,9 +27,8 @@ constexpr int64_t kClasses = 5;
 LoadedModel tiny_model() {
   torch::manual_seed(3);
   LoadedModel model;
-  model.model = test::tiny_vit(/*img=*/32, /*patch=*/8, /*in_chans=*/3, /*num_classes=*/kClasses, /*embed_dim=*/32,
-                               /*depth=*/2, /*num_heads=*/2, /*mlp_ratio=*/2.0);
-  model.net = VisionTransformer(model.model);
+  model.net = VisionTransformer(test::tiny_vit(/*img=*/32, /*patch=*/8, /*in_chans=*/3, /*num_classes=*/kClasses,
+                                              /*embed_dim=*/32, /*depth=*/2, /*num_heads=*/2, /*mlp_ratio=*/2.0));
   model.net->eval();
   model.class_names = numbered_classes(kClasses);
   model.path = "tiny";
@@ -163,7 +162,7 @@ TEST(PrepareImages, InputsAtTheModelsSizeAndTheOriginalsOnRequest) {
   test::TempDir dir;
   const Inputs inputs = write_inputs(dir);
   const auto model = tiny_model();
-  const auto images = prepare_images(inputs.paths, model.preprocess, model.model, ImageLimits{}, /*keep_bgr=*/true);
+  const auto images = prepare_images(inputs.paths, model.preprocess, model.config(), ImageLimits{}, /*keep_bgr=*/true);
   ASSERT_EQ(images.size(), inputs.paths.size());
   int64_t prepared = 0;
   for (size_t i = 0; i < images.size(); ++i) {
@@ -180,7 +179,7 @@ TEST(PrepareImages, InputsAtTheModelsSizeAndTheOriginalsOnRequest) {
   EXPECT_EQ(images[0].image_bgr.rows, 40);  // a.png at its own size
   EXPECT_EQ(images[0].image_bgr.cols, 56);
   EXPECT_EQ(stack_inputs(images).sizes(), (std::vector<int64_t>{prepared, 3, 32, 32}));
-  EXPECT_TRUE(prepare_images(inputs.paths, model.preprocess, model.model, ImageLimits{})[0].image_bgr.empty());
+  EXPECT_TRUE(prepare_images(inputs.paths, model.preprocess, model.config(), ImageLimits{})[0].image_bgr.empty());
   EXPECT_FALSE(stack_inputs({}).defined());
 }
 

@@ -60,7 +60,7 @@ TEST_P(TimmDynamicSize, CliMatchesTimmAtEverySize) {
   const std::string snap = dir / "snapshot";
   const auto ref = safetensors::read(dir / "ref.safetensors");
   const auto model = load_model(snap);
-  const int64_t P = model.model.patch_size, prefix = model.model.num_prefix_tokens();
+  const int64_t P = model.config().patch_size, prefix = model.config().num_prefix_tokens();
 
   for (size_t i = 0; i < c.sizes.size(); ++i) {
     const auto [h, w] = c.sizes[i];
@@ -76,7 +76,7 @@ TEST_P(TimmDynamicSize, CliMatchesTimmAtEverySize) {
     ASSERT_EQ(exported.status, 0) << exported.errors;
     const std::string stem = maps + "/image." + at;
     double attention_diff = 0;
-    for (int64_t b = 0; b < model.model.depth; ++b) {
+    for (int64_t b = 0; b < model.config().depth; ++b) {
       const auto attention = read_npy(stem + "/attn_" + std::to_string(b) + ".npy");  // (nh, N, N)
       ASSERT_EQ(attention.size(1), prefix + (h / P) * (w / P));
       attention_diff = std::max(attention_diff,
@@ -96,7 +96,7 @@ TEST_P(TimmDynamicSize, CliMatchesTimmAtEverySize) {
       continue;
     }
     // The folder loaded into a config of this img_size: resampled at load, as timm creates it at that size.
-    nlohmann::json config = {{"model", to_json(model.model)}};
+    nlohmann::json config = {{"model", to_json(model.config())}};
     config["model"]["img_size"] = {h, w};
     test::write_bytes(dir / "config.json", config.dump());
     std::string log;
@@ -105,8 +105,8 @@ TEST_P(TimmDynamicSize, CliMatchesTimmAtEverySize) {
     const double fixed_diff = max_abs_diff(loaded, ref.tensor("fixed." + at));
     std::cout << ", resampled at load max |d| " << fixed_diff << " (vs --img-size " << max_abs_diff(loaded, logits)
               << ")\n";
-    EXPECT_NE(log.find("pos_embed resampled from a " + std::to_string(model.model.grid_h()) + "x" +
-                       std::to_string(model.model.grid_w()) + " to a " + std::to_string(h / P) + "x" +
+    EXPECT_NE(log.find("pos_embed resampled from a " + std::to_string(model.config().grid_h()) + "x" +
+                       std::to_string(model.config().grid_w()) + " to a " + std::to_string(h / P) + "x" +
                        std::to_string(w / P) + " grid"),
               std::string::npos)
         << log;

@@ -174,9 +174,8 @@ constexpr int64_t kClasses = 5;
 LoadedModel serve_model() {
   torch::manual_seed(5);
   LoadedModel model;
-  model.model = test::tiny_vit(/*img=*/32, /*patch=*/8, /*in_chans=*/3, /*num_classes=*/kClasses, /*embed_dim=*/32,
-                               /*depth=*/2, /*num_heads=*/2, /*mlp_ratio=*/2.0);
-  model.net = VisionTransformer(model.model);
+  model.net = VisionTransformer(test::tiny_vit(/*img=*/32, /*patch=*/8, /*in_chans=*/3, /*num_classes=*/kClasses,
+                                              /*embed_dim=*/32, /*depth=*/2, /*num_heads=*/2, /*mlp_ratio=*/2.0));
   test::perturb_weights(model.net, 11);
   model.net->eval();
   model.class_names = {"ant", "bee", "cat", "dog", "eel"};

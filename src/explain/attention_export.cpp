@@ -311,7 +311,7 @@ struct ImageMaps {
 // Step 1: the forward (and backward) pass, the prediction, every method's map, and result's per-head maps.
 ImageMaps compute_maps(LoadedModel& model, const torch::Tensor& input, const AttentionExportOptions& options,
                        AttentionExportResult& result) {
-  const ModelConfig& config = model.model;
+  const ModelConfig& config = model.config();
   // The grid comes from the model's input size, never from sqrt(N): rectangular models work.
   const int64_t grid_h = config.grid_h(), grid_w = config.grid_w();
   const int64_t prefix = model.net->num_prefix_tokens();
@@ -446,7 +446,7 @@ void draw_overlays(const std::string& dir, const cv::Mat& image_bgr, const Model
 // is class-specific), rollout's settings, the drawing options.
 nlohmann::ordered_json describe_method(const LoadedModel& model, const ImageMaps& maps,
                                        const AttentionExportResult& result, const AttentionExportOptions& options) {
-  const ModelConfig& config = model.model;
+  const ModelConfig& config = model.config();
   nlohmann::ordered_json masked = nlohmann::ordered_json::array();
   for (size_t layer = 0; layer < maps.keep.size(); ++layer) {
     for (int64_t h = 0; h < maps.keep[layer].size(0); ++h) {
@@ -496,7 +496,7 @@ nlohmann::ordered_json describe_method(const LoadedModel& model, const ImageMaps
 // summary.json.
 nlohmann::ordered_json measure_faithfulness(LoadedModel& model, const torch::Tensor& input, const ImageMaps& maps,
                                             const AttentionExportOptions& options) {
-  const int64_t patches = model.model.grid_h() * model.model.grid_w();
+  const int64_t patches = model.config().grid_h() * model.config().grid_w();
   nlohmann::ordered_json curves = nlohmann::ordered_json::object();
   for (size_t m = 0; m < maps.methods.size(); ++m) {
     curves[maps.methods[m]->key] =
@@ -539,7 +539,7 @@ AttentionExportResult export_image_attention(LoadedModel& model, const std::stri
                                              const cv::Mat& image_bgr, const torch::Tensor& input,
                                              const std::string& out_dir, const std::string& dir_name,
                                              const AttentionExportOptions& options) {
-  const ModelConfig& config = model.model;
+  const ModelConfig& config = model.config();
   check_attention_options(config, options, model.path);
   TORCH_CHECK(input.dim() == 3 && input.size(1) == config.img_h && input.size(2) == config.img_w,
               "export_image_attention: input has shape ", input.sizes(), ", expected (", config.in_chans, ", ",

@@ -23,7 +23,7 @@ AttentionExportRun export_attention_images(LoadedModel& model, const std::vector
     const auto start = std::chrono::steady_clock::now();
     auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     const PreparedImage image =
-        std::move(prepare_images({path}, model.preprocess, model.model, options.limits, /*keep_bgr=*/true).front());
+        std::move(prepare_images({path}, model.preprocess, model.config(), options.limits, /*keep_bgr=*/true).front());
     if (!image.ok()) {
       run.errors.push_back({path, image.error});
       if (on_image) on_image(path, nullptr, image.error, seconds());
@@ -131,7 +131,7 @@ void write_attention_summary(const std::string& out_dir, const nlohmann::ordered
 AttentionExportRun run_attention_export(LoadedModel& model, const std::vector<std::string>& paths,
                                         const std::string& out_dir, const AttentionExportOptions& options,
                                         const std::string& masked_heads, const AttentionExportProgress& on_image) {
-  const ModelConfig& config = model.model;
+  const ModelConfig& config = model.config();
   check_attention_options(config, options, model.path);
   const AttentionExportRun exported = export_attention_images(model, paths, out_dir, options, on_image);
   const auto& [results, errors] = exported;

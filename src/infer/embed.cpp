@@ -134,7 +134,7 @@ EmbeddedBatch embed_batch(VisionTransformer& net, const torch::Tensor& input, co
 
 Embeddings embed_images(LoadedModel& model, const std::vector<std::string>& paths, const EmbedOptions& options,
                         const EmbedSink& on_batch) {
-  check_embed_options(model.model, options, model.path);
+  check_embed_options(model.config(), options, model.path);
   VisionTransformer& net = model.net;
   const torch::Device device = net->parameters().front().device();
 
@@ -145,7 +145,7 @@ Embeddings embed_images(LoadedModel& model, const std::vector<std::string>& path
 
   c10::InferenceMode inference;
   for_each_prepared_batch(
-      paths, static_cast<size_t>(options.batch_size), model.preprocess, model.model, options.limits,
+      paths, static_cast<size_t>(options.batch_size), model.preprocess, model.config(), options.limits,
       /*overlap=*/device.is_cuda(),
       [&](const std::vector<PreparedImage>& images) {
         std::vector<EmbeddedImage> batch(images.size());

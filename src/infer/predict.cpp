@@ -72,10 +72,10 @@ void predict_images(LoadedModel& model, const std::vector<std::string>& paths, c
                                 std::to_string(options.batch_size) + " must be positive");
   }
   if (paths.empty()) return;
-  const int64_t topk = std::min<int64_t>(options.topk, model.model.num_classes);
+  const int64_t topk = std::min<int64_t>(options.topk, model.config().num_classes);
   const torch::Device device = model.net->parameters().front().device();
   c10::InferenceMode inference;
-  for_each_prepared_batch(paths, static_cast<size_t>(options.batch_size), model.preprocess, model.model,
+  for_each_prepared_batch(paths, static_cast<size_t>(options.batch_size), model.preprocess, model.config(),
                           options.limits, /*overlap=*/device.is_cuda(), [&](const std::vector<PreparedImage>& images) {
                             on_batch(classify(model, images, topk, device));
                           });

@@ -304,12 +304,12 @@ torch::Tensor pos_embed_at(const torch::Tensor& pos, const ModelConfig& target,
   return resample_pos_embed(pos, old_h, old_w, target.grid_h(), target.grid_w(), prefix);
 }
 
-// Builds `out.net` from `out.model` and reads every tensor through `read` (name, destination); pos_embed is read at
-// the file's shape `shapes` gives and resampled to the model's grid when they differ (pos_embed_at).
+// Builds `out.net` from `model` and reads every tensor through `read` (name, destination); pos_embed is read at the
+// file's shape `shapes` gives and resampled to the model's grid when they differ (pos_embed_at).
 template <typename Read>
-void build_and_read(LoadedModel& out, std::map<std::string, std::vector<int64_t>> shapes, const Read& read,
-                    std::optional<std::array<int64_t, 2>> old_grid, const std::string& path) {
-  out.net = VisionTransformer(out.model, Init::none);
+void build_and_read(LoadedModel& out, const ModelConfig& model, std::map<std::string, std::vector<int64_t>> shapes,
+                    const Read& read, std::optional<std::array<int64_t, 2>> old_grid, const std::string& path) {
+  out.net = VisionTransformer(model, Init::none);
   auto targets = model_targets(out.net);
   torch::Tensor pos;
   auto file_pos = shapes.find("pos_embed");
@@ -317,7 +317,7 @@ void build_and_read(LoadedModel& out, std::map<std::string, std::vector<int64_t>
       targets.at("pos_embed").sizes() != c10::IntArrayRef(file_pos->second)) {
     auto raw = torch::empty(file_pos->second, torch::kFloat32);
     read("pos_embed", raw);
-    pos = pos_embed_at(raw, out.model, old_grid, path, out.adapted);
+    pos = pos_embed_at(raw, model, old_grid, path, out.adapted);
     file_pos->second = pos.sizes().vec();
   }
   check_names_and_shapes(targets, shapes, path);
@@ -383,7 +383,7 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
     const Snapshot snapshot = read_snapshot(path);
     LoadedModel out;
     out.path = path;
-    out.model = run_model(snapshot.model, fallback);
+    const ModelConfig model = run_model(snapshot.model, fallback);
     out.preprocess = snapshot.preprocess;
     out.class_names = snapshot.class_names;
     out.sources = snapshot.sources;
@@ -391,14 +391,14 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
     const SnapshotWeights weights(snapshot);
     check_fits_file(snapshot.model, weights.data_size, snapshot.weights, "the snapshot's config");
     if (out.class_names.empty()) {
-      out.class_names = numbered_classes(out.model.num_classes);
+      out.class_names = numbered_classes(model.num_classes);
       out.sources.emplace_back("class_names", "numbered (the snapshot names none)");
     }
     build_and_read(
-        out, weights.shapes(), [&](const std::string& name, torch::Tensor target) { weights.read_into(name, target); },
+        out, model, weights.shapes(), [&](const std::string& name, torch::Tensor target) { weights.read_into(name, target); },
         grid_of(snapshot.model), snapshot.weights);
-    if (out.model.img_h != snapshot.model.img_h || out.model.img_w != snapshot.model.img_w) {
-      out.sources.emplace_back("img_size", "--config (" + size_text(out.model.img_h, out.model.img_w) + ")");
+    if (model.img_h != snapshot.model.img_h || model.img_w != snapshot.model.img_w) {
+      out.sources.emplace_back("img_size", "--config (" + size_text(model.img_h, model.img_w) + ")");
     }
     return out;
   }
@@ -408,6 +408,7 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
   const auto& metadata = file.metadata();
   LoadedModel out;
   out.path = path;
+  ModelConfig model;
   std::optional<std::array<int64_t, 2>> old_grid;  // the grid the file's pos_embed was made for, when it says
   auto format = metadata.find("format");
   if (format != metadata.end() && format->second == kModelFormat) {
@@ -428,17 +429,17 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
     const ModelConfig trained = parse_model_config(metadata_json(metadata, "model", path), path + " (metadata)");
     check_fits_file(trained, file.data_size(), path, "its metadata");
     old_grid = grid_of(trained);
-    out.model = run_model(trained, fallback);
+    model = run_model(trained, fallback);
     out.preprocess = parse_preprocess(metadata_json(metadata, "preprocess", path), path + " (metadata)");
     const json names = metadata_json(metadata, "class_names", path);
     if (!names.is_array()) throw std::runtime_error(path + ": metadata class_names is not an array");
     for (const auto& n : names) out.class_names.push_back(n.is_string() ? n.get<std::string>() : n.dump());
     for (const char* part : {"model", "preprocess", "class_names"}) out.sources.emplace_back(part, "the file's metadata");
-    if (out.model.img_h != trained.img_h || out.model.img_w != trained.img_w) {
-      out.sources.emplace_back("img_size", "--config (" + size_text(out.model.img_h, out.model.img_w) + ")");
+    if (model.img_h != trained.img_h || model.img_w != trained.img_w) {
+      out.sources.emplace_back("img_size", "--config (" + size_text(model.img_h, model.img_w) + ")");
     }
   } else if (fallback) {
-    out.model = fallback->model;
+    model = fallback->model;
     out.preprocess = fallback->data.preprocess;
     for (const char* part : {"model", "preprocess"}) out.sources.emplace_back(part, "--config (the file has no vit metadata)");
   } else {
@@ -446,8 +447,8 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
                              ": no vit metadata (a plain timm file?): pass --config with the model and preprocessing, "
                              "or the timm snapshot folder it came from");
   }
-  if (static_cast<int64_t>(out.class_names.size()) != out.model.num_classes) {
-    out.class_names = numbered_classes(out.model.num_classes);
+  if (static_cast<int64_t>(out.class_names.size()) != model.num_classes) {
+    out.class_names = numbered_classes(model.num_classes);
     if (!out.has_metadata) out.sources.emplace_back("class_names", "numbered");
   }
   out.sources.emplace_back("weights", path);
@@ -461,7 +462,7 @@ LoadedModel load_model(const std::string& path, const std::optional<Config>& fal
     if (!scale) shapes[info.name] = info.shape;
   }
   build_and_read(
-      out, shapes,
+      out, model, shapes,
       [&](const std::string& name, torch::Tensor target) {
         const auto* info = file.find(name);
         if (const auto* scale = scale_of(name)) {
@@ -504,28 +505,39 @@ void check_input_size(const ModelConfig& model, int64_t height, int64_t width, c
 LoadedModel load_model_at_size(const std::string& path, const std::optional<Config>& fallback, int64_t height,
                                int64_t width, const std::string& what) {
   LoadedModel own = load_model(path, fallback);
-  check_input_size(own.model, height, width, what);
-  if (own.model.img_h == height && own.model.img_w == width) return own;
+  const ModelConfig& built = own.net->config();
+  check_input_size(built, height, width, what);
+  if (built.img_h == height && built.img_w == width) return own;
   // The same model at the new size, as a --config would describe it: load_model builds it at that size and resamples
   // the file's position embedding for its grid.
   Config resized = fallback.value_or(Config{});
-  resized.model = own.model;
+  resized.model = built;
   resized.model.img_h = height, resized.model.img_w = width;
   LoadedModel out = load_model(path, resized);
-  if (out.model.img_h != height || out.model.img_w != width) {
+  const ModelConfig& rebuilt = out.net->config();
+  if (rebuilt.img_h != height || rebuilt.img_w != width) {
     throw std::logic_error(path + ": loading at " + size_text(height, width) + " built " +
-                           size_text(out.model.img_h, out.model.img_w));
+                           size_text(rebuilt.img_h, rebuilt.img_w));
   }
   return out;
 }
 
+ModelConfig LoadedModel::config() const {
+  ModelConfig m = net->config();
+  if (run_h > 0 && run_w > 0) m.img_h = run_h, m.img_w = run_w;
+  return m;
+}
+
 std::string set_input_size(LoadedModel& model, int64_t height, int64_t width, const std::string& what) {
-  check_input_size(model.model, height, width, what);
-  if (model.model.img_h == height && model.model.img_w == width) return "";
-  model.model.img_h = height, model.model.img_w = width;
+  const ModelConfig running = model.config();
+  check_input_size(running, height, width, what);
+  if (running.img_h == height && running.img_w == width) return "";
   const ModelConfig& own = model.net->config();
-  if (own.img_h == height && own.img_w == width) return "running at " + size_text(height, width) + ", its own size";
-  return "running at " + size_text(height, width) + " (a " + size_text(model.model.grid_h(), model.model.grid_w()) +
+  const bool own_size = own.img_h == height && own.img_w == width;
+  model.run_h = own_size ? 0 : height, model.run_w = own_size ? 0 : width;
+  if (own_size) return "running at " + size_text(height, width) + ", its own size";
+  const ModelConfig now = model.config();
+  return "running at " + size_text(height, width) + " (a " + size_text(now.grid_h(), now.grid_w()) +
          " grid; the position embedding of the " + size_text(own.grid_h(), own.grid_w()) +
          " grid resampled at every forward pass, as timm's dynamic_img_size)";
 }

@@ -22,9 +22,9 @@ inline constexpr int kModelFormatVersionInt8 = 2;
 
 struct LoadedModel {
   VisionTransformer net{nullptr};
-  // The model as it runs: net->config(), or the same at another input size (set_input_size): preprocessing, maps and
-  // costs read this one; the network resamples its position embedding for that grid at every forward pass.
-  ModelConfig model;
+  // The input size it runs at, where set_input_size chose one other than the network's own (0 x 0: its own). The
+  // network resamples its position embedding for that grid at every forward pass.
+  int64_t run_h = 0, run_w = 0;
   Preprocess preprocess;
   std::vector<std::string> class_names;  // size num_classes
   std::string path;
@@ -35,6 +35,10 @@ struct LoadedModel {
   // The precision the file was written in (int8 for an int8 model file, whose weights load dequantized into
   // float32): what inference uses unless --precision says otherwise.
   Precision precision = Precision::fp32;
+
+  // The model as it runs: the network's config at the input size it runs at. Preprocessing, maps and costs read
+  // this; the network's own size (its position embedding's grid, what a saved file holds) is net->config()'s.
+  ModelConfig config() const;
 };
 
 // Writes the model's state dict (float32, timm names; with Precision::int8 the quantized weights in int8, see
@@ -64,7 +68,7 @@ LoadedModel load_model_at_size(const std::string& path, const std::optional<Conf
 // valid sizes; `what` starts the message (e.g. "--img-size 30").
 void check_input_size(const ModelConfig& model, int64_t height, int64_t width, const std::string& what);
 
-// Runs `model` at another input size from now on, as timm's dynamic_img_size: model.model takes the size, the
+// Runs `model` at another input size from now on, as timm's dynamic_img_size: model.config() takes the size, the
 // network keeps its weights and resamples its position embedding for the new grid at every forward pass (the
 // network's own size is unchanged bit for bit). Checks the size (check_input_size). Returns a line for the log, ""
 // when the model already runs at that size.

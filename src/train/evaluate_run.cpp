@@ -24,7 +24,7 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
     }
     config = load_config(run_config.string());
   }
-  config->model = model.model;
+  config->model = model.config();
   config->data.preprocess = model.preprocess;  // score with the preprocessing the model was trained with
   const auto splits = open_datasets(config->data, config->train.seed, codec);
   const auto dataset = request.split == "val" ? splits.val : splits.test;
@@ -34,8 +34,8 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
                                 std::to_string(dataset->class_names().size()));
   }
   auto sizes = request.sizes;
-  if (sizes.empty()) sizes.push_back({model.model.img_h, model.model.img_w});
-  for (const auto& [h, w] : sizes) check_input_size(model.model, h, w, "--img-size " + size_option_text(h, w));
+  if (sizes.empty()) sizes.push_back({model.config().img_h, model.config().img_w});
+  for (const auto& [h, w] : sizes) check_input_size(model.config(), h, w, "--img-size " + size_option_text(h, w));
   LoaderOptions loader_options;
   loader_options.batch_size = request.batch_size;
   loader_options.shuffle = false;
@@ -53,7 +53,7 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
     const std::string note =
         set_input_size(model, size[0], size[1], "--img-size " + size_option_text(size[0], size[1]));
     if (!note.empty()) log::info(model.path + ": " + note);
-    config->model = model.model;  // the eval transform produces this size
+    config->model = model.config();  // the eval transform produces this size
     // Counted as the loader's workers finish each batch: at most `prefetch` batches ahead of the model; skipped bad
     // images are never counted.
     ProgressOptions shown;
@@ -63,7 +63,7 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
       progress.advance(batch.images.size(0));
     };
     Loader loader(dataset, make_eval_transform(config->data, config->model), loader_options, count_batch);
-    auto result = evaluate(model.net, loader, model.model.num_classes, request.device, /*comm=*/nullptr,
+    auto result = evaluate(model.net, loader, model.config().num_classes, request.device, /*comm=*/nullptr,
                            /*keep_mistakes=*/20, request.predictions);
     progress.finish();
     nlohmann::json report =

@@ -37,8 +37,8 @@ void load(const std::optional<vit::Config>& fallback) {
   try {
     const vit::LoadedModel model = vit::load_model(model_path(), fallback);
     vit::count_parameters(*model.net);
-    vit::forward_macs(model.model);
-    vit::layer_costs(model.model);
+    vit::forward_macs(model.config());
+    vit::layer_costs(model.config());
   } catch (const std::exception&) {  // c10::Error is a std::exception
   }
 }
