@@ -69,6 +69,12 @@ struct ModelConfig {
 #define VIT_MODEL_KEY(field) VIT_KEY(::vit::ModelConfig, "model", field)
 inline constexpr const char* kImgSizeKey = "img_size";
 
+// Whether a model field is a training-time dropout rate (every field named "..._rate"): in [0, 1), with no effect
+// at inference, so formats that do not hold it (a timm snapshot's model_args as vit writes them, HF's config) drop it.
+inline bool is_dropout_rate(const std::string& field) {
+  return field.size() > 5 && field.compare(field.size() - 5, 5, "_rate") == 0;
+}
+
 // Upper bounds that validate() enforces: far beyond any published ViT, and low enough that every size derived from
 // them (tokens, parameter and MAC counts in model/flops.h) fits in int64, so a hostile file's metadata can neither
 // overflow that arithmetic nor describe an absurd model.

@@ -4,6 +4,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 #include "util/text.h"
 
 namespace vit {
@@ -69,10 +71,10 @@ void validate(const ModelConfig& m, const std::string& source) {
         "\"token\" pooling needs class_token true (use \"avg\" or \"map\")");
   check(m.reg_tokens >= 0 && m.reg_tokens <= 256, source, VIT_MODEL_KEY(reg_tokens),
         std::to_string(m.reg_tokens) + " is out of range [0, 256]");
-  check_range(m.drop_rate, 0, 1, true, source, VIT_MODEL_KEY(drop_rate));
-  check_range(m.attn_drop_rate, 0, 1, true, source, VIT_MODEL_KEY(attn_drop_rate));
-  check_range(m.proj_drop_rate, 0, 1, true, source, VIT_MODEL_KEY(proj_drop_rate));
-  check_range(m.drop_path_rate, 0, 1, true, source, VIT_MODEL_KEY(drop_path_rate));
+  const nlohmann::json fields = to_json(m);  // named: items() refers into it
+  for (const auto& [field, value] : fields.items()) {  // every rate of the field list
+    if (is_dropout_rate(field)) check_range(value.get<double>(), 0, 1, true, source, "model." + field);
+  }
   check(m.layer_norm_eps > 0, source, VIT_MODEL_KEY(layer_norm_eps), num(m.layer_norm_eps) + " must be positive");
   check(!m.init_values || *m.init_values > 0, source, VIT_MODEL_KEY(init_values),
         num(m.init_values.value_or(0)) + " must be positive (or null for no LayerScale)");

@@ -123,7 +123,7 @@ std::string hf_key(const std::string& field) {
 }
 bool hf_in_own_form(const std::string& field) {
   return field == "preset" || field == "mlp_ratio" || field == "act_layer" || field == "num_classes" ||
-         field == "drop_rate" || field == "attn_drop_rate" || field == "proj_drop_rate" || field == "drop_path_rate";
+         is_dropout_rate(field);
 }
 
 // The fields HF's ViT cannot hold where they differ from its fixed ones (our defaults), in words.

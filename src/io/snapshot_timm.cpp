@@ -13,12 +13,10 @@ namespace {
 
 // timm's model_args spell the model fields as we do (the field list's names are timm's VisionTransformer
 // arguments), except these: fields timm's VisionTransformer has no argument for (the LayerNorm epsilon comes with the
-// architecture name's norm_layer; the relative position bias is BEiT's), and training-time rates we do not write.
+// architecture name's norm_layer; the relative position bias is BEiT's), and the training-time rates, which vit does
+// not write (model_config.h's is_dropout_rate).
 bool timm_lacks(const std::string& field) {
   return field == "preset" || field == "layer_norm_eps" || field == "rel_pos_bias";
-}
-bool timm_not_written(const std::string& field) {
-  return field == "drop_rate" || field == "attn_drop_rate" || field == "proj_drop_rate" || field == "drop_path_rate";
 }
 
 // model_args over the model the architecture name gave: every field through the config's readers, then timm's
@@ -165,7 +163,7 @@ std::map<std::string, json> timm_files(const ModelConfig& m, const Preprocess& p
     refuse("layer_norm_eps " + num(m.layer_norm_eps) + " (timm's ViT architectures use 1e-6, CLIP's 1e-5)");
   }
   json args = write_model_fields(m, [](const std::string& field) {
-    return timm_lacks(field) || timm_not_written(field) ? "" : field;
+    return timm_lacks(field) || is_dropout_rate(field) ? "" : field;
   });
   args["img_size"] = json::array({m.img_h, m.img_w});
   args["fc_norm"] = m.use_fc_norm();  // timm's own rule gives the same; written out, it says it
@@ -203,7 +201,7 @@ json family_fields(ModelConfig m) {
   const std::set<std::string> sizes = {"img_size",  "patch_size", "in_chans",  "num_classes",
                                        "embed_dim", "depth",      "num_heads", "mlp_ratio"};
   return write_model_fields(m, [&](const std::string& field) {
-    return timm_lacks(field) || timm_not_written(field) || sizes.count(field) ? "" : field;
+    return timm_lacks(field) || is_dropout_rate(field) || sizes.count(field) ? "" : field;
   });
 }
 
