@@ -33,7 +33,7 @@ PRESETS = {
 DEFAULTS = dict(img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=768, depth=12, num_heads=12,
                 mlp_ratio=4.0, qkv_bias=True, class_token=True, global_pool="token", layer_norm_eps=1e-6)
 # Keys that do not change the cost of a step (dropout rates are 0 in the benchmarks) or are not modelled here.
-IGNORED = {"drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"}
+IGNORED = {"drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"}
 
 
 def model_args(path):

@@ -125,7 +125,7 @@ const char* const kEveryKey = R"({
             "num_classes": 7, "embed_dim": 96, "depth": 3, "num_heads": 4, "mlp_ratio": 3.0, "qkv_bias": false,
             "class_token": false, "reg_tokens": 2, "no_embed_class": true, "pre_norm": true,
             "global_pool": "avg", "final_norm": false, "fc_norm": false, "qk_norm": true,
-            "act_layer": "quick_gelu", "drop_rate": 0.1, "attn_drop_rate": 0.2,
+            "act_layer": "quick_gelu", "drop_rate": 0.1, "pos_drop_rate": 0.15, "attn_drop_rate": 0.2,
             "proj_drop_rate": 0.3, "drop_path_rate": 0.4, "init_values": 0.001, "layer_norm_eps": 1e-5,
             "rel_pos_bias": true},
   "data": {"mean": [0.25], "std": [0.75], "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "squash", "crop_offset": "floor",

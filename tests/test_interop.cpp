@@ -428,6 +428,9 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
   EXPECT_NE(refusal("eps", R"({"architecture": "vit_small_patch16_224", "model_args": {"layer_norm_eps": 1e-05}})")
                 .find("model_args.layer_norm_eps = 1e-05 is not an option vit knows"),
             std::string::npos);
+  // timm's pos_drop_rate is a field: read, not passed over (it was, before vit had it).
+  refusal("pos_drop", R"({"architecture": "vit_small_patch16_224", "model_args": {"pos_drop_rate": 0.1}})");
+  EXPECT_EQ(read_snapshot(dir / "pos_drop").model.pos_drop_rate, 0.1);
   EXPECT_NE(refusal("hf_width", R"({"model_type": "vit", "hidden_size": [768]})")
                 .find("config.json: hidden_size: [768] is not an integer"),
             std::string::npos);

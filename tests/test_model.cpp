@@ -203,6 +203,27 @@ TEST(ModelDropout, TrainModeIsStochasticEvalModeIsNot) {
   EXPECT_TRUE(torch::equal(net->forward(x), net->forward(x)));
 }
 
+// As timm's VisionTransformer: drop_rate is the head's dropout only, pos_drop_rate the tokens' after the position
+// embedding (it was drop_rate's second use before pos_drop_rate existed).
+TEST(ModelDropout, PosDropRateDropsTheTokensAndDropRateOnlyTheHead) {
+  auto x = torch::randn({2, 3, 32, 32});
+  auto features_vary = [&](const ModelConfig& config) {
+    torch::manual_seed(4);
+    VisionTransformer net(config);
+    net->train();
+    return test::max_abs_diff(net->forward_features(x), net->forward_features(x)) > 1e-6;
+  };
+  auto head_only = tiny();
+  head_only.drop_rate = 0.5;
+  EXPECT_FALSE(features_vary(head_only));
+  auto tokens = tiny();
+  tokens.pos_drop_rate = 0.5;
+  EXPECT_TRUE(features_vary(tokens));
+  VisionTransformer net(head_only);
+  net->train();
+  EXPECT_GT(test::max_abs_diff(net->forward(x), net->forward(x)), 1e-6);  // the head's dropout
+}
+
 TEST(ModelFile, RoundTripIsBitIdenticalWithMetadata) {
   test::TempDir dir;
   torch::manual_seed(7);

@@ -252,7 +252,7 @@ void visit_model(Model& m, Visitor& v) {
   VIT_VISIT_FIELDS(v, m,
                    patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias, class_token,
                    reg_tokens, no_embed_class, pre_norm, global_pool, final_norm, fc_norm, qk_norm, act_layer,
-                   drop_rate, attn_drop_rate, proj_drop_rate, drop_path_rate, init_values, layer_norm_eps,
+                   drop_rate, pos_drop_rate, attn_drop_rate, proj_drop_rate, drop_path_rate, init_values, layer_norm_eps,
                    rel_pos_bias);
 }
 

@@ -46,6 +46,7 @@ struct ModelConfig {
   bool qk_norm = false;          // LayerNorm over each head's queries and keys (q_norm, k_norm) before q k^T
   Activation act_layer = Activation::gelu;  // MLP activation (also attn_pool's MLP)
   double drop_rate = 0.0;        // dropout before the head
+  double pos_drop_rate = 0.0;    // dropout on the tokens after the position embedding (timm's pos_drop)
   double attn_drop_rate = 0.0;   // dropout on attention probabilities
   double proj_drop_rate = 0.0;   // dropout after attention/MLP projections
   double drop_path_rate = 0.0;   // stochastic depth, linear from 0 to this over the blocks

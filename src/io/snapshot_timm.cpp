@@ -43,7 +43,7 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
   };
   // Options that do not change the weights or the inference result. dynamic_img_size: vit runs every size divisible
   // by the patch, resampling the position embedding as timm's dynamic_img_size does.
-  const std::set<std::string> harmless = {"weight_init", "fix_init", "pos_drop_rate", "patch_drop_rate",
+  const std::set<std::string> harmless = {"weight_init", "fix_init", "patch_drop_rate",
                                           "pretrained_cfg_overlay", "dynamic_img_size"};
   for (const auto& key : others) {
     const json& value = args[key];

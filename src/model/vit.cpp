@@ -455,7 +455,7 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
     tokens = torch::cat(parts, 1);
   }
   if (!config_.no_embed_class) tokens = tokens + pos;  // (B, N, D)
-  if (config_.drop_rate > 0.0 && is_training()) tokens = torch::dropout(tokens, config_.drop_rate, true);
+  if (config_.pos_drop_rate > 0.0 && is_training()) tokens = torch::dropout(tokens, config_.pos_drop_rate, true);
   if (norm_pre) tokens = norm_pre->forward(tokens);
   if (capture != nullptr) capture->embed = tokens;
 
