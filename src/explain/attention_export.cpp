@@ -496,7 +496,8 @@ nlohmann::ordered_json describe_method(const LoadedModel& model, const ImageMaps
 // summary.json.
 nlohmann::ordered_json measure_faithfulness(LoadedModel& model, const torch::Tensor& input, const ImageMaps& maps,
                                             const AttentionExportOptions& options) {
-  const int64_t patches = model.config().grid_h() * model.config().grid_w();
+  const ModelConfig config = model.config();
+  const int64_t patches = config.grid_h() * config.grid_w();
   nlohmann::ordered_json curves = nlohmann::ordered_json::object();
   for (size_t m = 0; m < maps.methods.size(); ++m) {
     curves[maps.methods[m]->key] =

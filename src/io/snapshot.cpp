@@ -56,6 +56,15 @@ int64_t class_index(const std::string& key, int64_t count) {
   return index < count ? index : -1;
 }
 
+std::vector<std::string> read_fields(const json& object, const std::string& path, const std::string& file,
+                                     const FieldSpelling& spelling, ModelConfig& m) {
+  try {
+    return read_model_fields(object, path, file, spelling, m);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
+  }
+}
+
 std::vector<double> numbers(const json& value, const std::string& file, const std::string& key) {
   if (value.is_number()) return {value.get<double>()};
   if (!value.is_array() || value.empty()) fail(file, key + ": " + show(value) + " is not a list of numbers");

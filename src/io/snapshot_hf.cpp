@@ -175,11 +175,7 @@ void read_hf(const json& config, Snapshot& s) {
   ModelConfig& m = s.model;
   m = ModelConfig{};
   m.layer_norm_eps = 1e-12;  // ViTConfig's default; its others are ours
-  try {
-    read_model_fields(config, "", file, hf_key, m);  // its other keys are HF's own (id2label, dropout rates, ...)
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(e.what());  // a snapshot's error, as every other one in its config.json
-  }
+  read_fields(config, "", file, hf_key, m);  // its other keys are HF's own (id2label, dropout rates, ...)
   const auto intermediate = get_or<int64_t>(config, "intermediate_size", 3072, file);
   m.mlp_ratio = static_cast<double>(intermediate) / static_cast<double>(m.embed_dim);
   if (static_cast<int64_t>(m.embed_dim * m.mlp_ratio) != intermediate) {

@@ -40,6 +40,10 @@ T get_or(const json& doc, const std::string& key, const T& fallback, const std::
 Interpolation interpolation_from(const json& value, const std::string& file, const std::string& key);
 // "3" -> 3 when it is a whole index below `count`, else -1.
 int64_t class_index(const std::string& key, int64_t count);
+// config/model_config.h's read_model_fields, failing as every other error of a snapshot's config.json does
+// (std::runtime_error naming the file and key).
+std::vector<std::string> read_fields(const json& object, const std::string& path, const std::string& file,
+                                     const FieldSpelling& spelling, ModelConfig& m);
 // A number or a non-empty list of numbers.
 std::vector<double> numbers(const json& value, const std::string& file, const std::string& key);
 

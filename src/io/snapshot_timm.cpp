@@ -27,13 +27,8 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
   // timm takes patch_size as a number or a pair; vit's patches are square.
   const json& patch = args.value("patch_size", json());
   if (patch.is_array() && patch.size() == 2 && patch[0] == patch[1]) fields["patch_size"] = patch[0];
-  std::vector<std::string> others;
-  try {
-    others = read_model_fields(fields, "model_args", file,
-                               [](const std::string& field) { return timm_lacks(field) ? "" : field; }, m);
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(e.what());  // a snapshot's error, as every other one in its config.json
-  }
+  auto timm_name = [](const std::string& field) { return timm_lacks(field) ? "" : field; };
+  const std::vector<std::string> others = read_fields(fields, "model_args", file, timm_name, m);
   // Options of timm's VisionTransformer that change the architecture, each accepted only at its plain-ViT value.
   const std::map<std::string, json> plain = {
       {"dynamic_img_pad", false},  {"norm_layer", "layernorm"}, {"embed_layer", "PatchEmbed"}, {"block_fn", "Block"},

@@ -92,6 +92,7 @@ thread_local std::optional<Clock::time_point> t_request_start;
 
 struct Server::Impl {
   LoadedModel& model;
+  const ModelConfig config;  // the model as it runs, read once: serving never changes its input size
   ServeOptions options;
   serve_http::RequestLimits request_limits;  // options' body size, time and key
   torch::Device device;
@@ -108,11 +109,12 @@ struct Server::Impl {
 
   Impl(LoadedModel& loaded, ServeOptions opts)
       : model(loaded),
+        config(loaded.config()),
         options(std::move(opts)),
         request_limits{options.max_body_bytes, options.timeout_s, options.api_key},
         device(model.net->parameters().front().device()),
         batcher(options.batching, [this](int64_t images, double seconds) { metrics.batch(images, seconds); }),
-        normalizer(model.preprocess, model.config().in_chans) {
+        normalizer(model.preprocess, config.in_chans) {
     if (options.max_body_bytes <= 0 || options.timeout_s <= 0) {
       throw std::invalid_argument("serve: --max-body-mb and --timeout-s must be positive");
     }
@@ -133,7 +135,7 @@ struct Server::Impl {
     ImageLimits limits = options.limits;
     limits.max_file_bytes = options.max_body_bytes;
     const RawImage raw = decode_image_bytes(item.bytes, item.name, limits);
-    torch::Tensor input = preprocess(raw, model.preprocess, normalizer, model.config().img_h, model.config().img_w);
+    torch::Tensor input = preprocess(raw, model.preprocess, normalizer, config.img_h, config.img_w);
     metrics.decode(std::chrono::duration<double>(Clock::now() - start).count());
     return input;
   }
@@ -218,13 +220,13 @@ struct Server::Impl {
     check_params(req, {"layers", "pool"});
     EmbedOptions embed;
     try {
-      if (req.has_param("layers")) embed.layers = parse_block_indices(req.get_param_value("layers"), model.config().depth, "layers");
+      if (req.has_param("layers")) embed.layers = parse_block_indices(req.get_param_value("layers"), config.depth, "layers");
       if (req.has_param("pool")) {
         const auto pool = enum_from_name<EmbedPool>(req.get_param_value("pool"));
         if (!pool) throw std::invalid_argument("pool=" + req.get_param_value("pool") + " is not cls, avg or none");
         embed.pool = *pool;
       }
-      check_embed_options(model.config(), embed, "the model");
+      check_embed_options(config, embed, "the model");
     } catch (const std::invalid_argument& e) {
       throw HttpError(400, e.what());
     }
@@ -270,10 +272,10 @@ struct Server::Impl {
 
   nlohmann::json model_json() const {
     return {{"source", options.source},
-            {"model", to_json(model.config())},
+            {"model", to_json(config)},
             {"preprocess", to_json(model.preprocess)},
-            {"input_size", {model.config().img_h, model.config().img_w}},
-            {"num_classes", model.config().num_classes},
+            {"input_size", {config.img_h, config.img_w}},
+            {"num_classes", config.num_classes},
             {"class_names", model.class_names},
             {"parameters", count_parameters(*model.net)},
             {"precision", name_of(model.net->precision())},
@@ -414,7 +416,7 @@ void Server::warm_up() {
   Impl& s = *impl_;
   c10::InferenceMode inference;
   for (const int64_t batch : {int64_t{1}, s.options.batching.max_batch}) {
-    const auto inputs = torch::zeros({batch, s.model.config().in_chans, s.model.config().img_h, s.model.config().img_w});
+    const auto inputs = torch::zeros({batch, s.config.in_chans, s.config.img_h, s.config.img_w});
     s.model.net->forward(s.on_device(inputs)).to(torch::kCPU);
   }
   s.ready = true;

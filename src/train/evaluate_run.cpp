@@ -34,8 +34,9 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
                                 std::to_string(dataset->class_names().size()));
   }
   auto sizes = request.sizes;
-  if (sizes.empty()) sizes.push_back({model.config().img_h, model.config().img_w});
-  for (const auto& [h, w] : sizes) check_input_size(model.config(), h, w, "--img-size " + size_option_text(h, w));
+  const ModelConfig own = model.config();
+  if (sizes.empty()) sizes.push_back({own.img_h, own.img_w});
+  for (const auto& [h, w] : sizes) check_input_size(own, h, w, "--img-size " + size_option_text(h, w));
   LoaderOptions loader_options;
   loader_options.batch_size = request.batch_size;
   loader_options.shuffle = false;
