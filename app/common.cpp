@@ -162,13 +162,13 @@ Precision chosen_precision(const LoadedModel& model, const std::string& precisio
 }
 
 void apply_precision(LoadedModel& model, const std::string& precision) {
-  const auto chosen = chosen_precision(model, precision, model.net->pos_embed.device().type());
+  const auto chosen = chosen_precision(model, precision, model.net->device().type());
   if (chosen == Precision::fp32 && model.net->precision() == Precision::fp32) return;
   const double before = static_cast<double>(model.net->weight_bytes()) / (1024.0 * 1024.0);
   model.net->set_precision(chosen);
   if (chosen == Precision::fp32) return;
   const double after = static_cast<double>(model.net->weight_bytes()) / (1024.0 * 1024.0);
-  const std::string how = model.net->pos_embed.device().is_cpu() ? cpu_precision_features() : "CUDA autocast";
+  const std::string how = model.net->device().is_cpu() ? cpu_precision_features() : "CUDA autocast";
   char line[256];
   std::snprintf(line, sizeof line, "precision %s (%s): weights %.1f MiB -> %.1f MiB", name_of(chosen), how.c_str(),
                 before, after);

@@ -127,7 +127,11 @@ const char* const kEveryKey = R"({
             "global_pool": "avg", "final_norm": false, "fc_norm": false, "qk_norm": true,
             "act_layer": "quick_gelu", "drop_rate": 0.1, "pos_drop_rate": 0.15, "attn_drop_rate": 0.2,
             "proj_drop_rate": 0.3, "drop_path_rate": 0.4, "init_values": 0.001, "layer_norm_eps": 1e-5,
-            "rel_pos_bias": true},
+            "rel_pos_bias": true, "attn_pool_num_heads": 2, "attn_pool_mlp_ratio": 2.0, "model_class": "eva",
+            "use_abs_pos_emb": false, "use_rot_pos_emb": true, "rope_type": "dinov3", "rope_temperature": 100.0,
+            "rope_grid_offset": 1.0, "rope_grid_indexing": "xy", "rope_rotate_half": true, "ref_feat_shape": [8, 12],
+            "attn_type": "rope", "qkv_fused": false, "swiglu_mlp": true, "swiglu_align_to": 8, "scale_mlp": true,
+            "scale_attn_inner": true, "attn_only_layer_scale": true},
   "data": {"mean": [0.25], "std": [0.75], "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "squash", "crop_offset": "floor",
            "format": "csv", "root": "r", "train_dir": "td", "val_dir": "vd", "test_dir": "sd", "train_csv": "t.csv",
            "val_csv": "v.csv", "test_csv": "s.csv", "train_shards": "t-{0..3}.tar", "val_shards": "v.tar",
@@ -185,7 +189,7 @@ TEST(ConfigKeys, EachIsDocumentedInTheConfigHeaders) {
     ASSERT_TRUE(file) << name;
     headers += std::string(std::istreambuf_iterator<char>(file), {});
   }
-  const std::map<std::string, std::string> field_of{{"img_size", "img_h"}};
+  const std::map<std::string, std::string> field_of{{"img_size", "img_h"}, {"ref_feat_shape", "ref_feat_h"}};
   for (const auto& key : config_keys()) {
     std::string field = key.substr(key.rfind('.') + 1);
     if (field_of.count(field)) field = field_of.at(field);

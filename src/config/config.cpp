@@ -79,6 +79,17 @@ class Section {
       }
     }
   }
+  void read(const std::string& key, std::optional<int64_t>& out) {
+    if (const json* v = take(key)) {
+      if (v->is_null()) {
+        out.reset();
+      } else if (v->is_number_integer()) {
+        out = v->get<int64_t>();
+      } else {
+        fail(source_, path(key), show(*v) + " is not an integer or null");
+      }
+    }
+  }
   void read(const std::string& key, std::optional<bool>& out) {
     if (const json* v = take(key)) {
       if (v->is_null()) {
@@ -249,11 +260,15 @@ template <typename Model, typename Visitor>
 void visit_model(Model& m, Visitor& v) {
   v.preset("preset", m.preset);
   v.size("img_size", m.img_h, m.img_w);
-  VIT_VISIT_FIELDS(v, m,
-                   patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias, class_token,
-                   reg_tokens, no_embed_class, pre_norm, global_pool, final_norm, fc_norm, qk_norm, act_layer,
-                   drop_rate, pos_drop_rate, attn_drop_rate, proj_drop_rate, drop_path_rate, init_values, layer_norm_eps,
-                   rel_pos_bias);
+  VIT_VISIT_FIELDS(v, m, patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias,
+                   class_token, reg_tokens, no_embed_class, pre_norm, global_pool, final_norm, fc_norm, qk_norm,
+                   act_layer, drop_rate, pos_drop_rate, attn_drop_rate, proj_drop_rate, drop_path_rate, init_values,
+                   layer_norm_eps, rel_pos_bias, attn_pool_num_heads, attn_pool_mlp_ratio, model_class, use_abs_pos_emb,
+                   use_rot_pos_emb, rope_type, rope_temperature, rope_grid_offset, rope_grid_indexing,
+                   rope_rotate_half);
+  v.size("ref_feat_shape", m.ref_feat_h, m.ref_feat_w);
+  VIT_VISIT_FIELDS(v, m, attn_type, qkv_fused, swiglu_mlp, swiglu_align_to, scale_mlp, scale_attn_inner,
+                   attn_only_layer_scale);
 }
 
 template <typename P, typename Visitor>
@@ -298,7 +313,9 @@ struct Reader {
   void size(const char* key, int64_t& h, int64_t& w) {
     const json* size = s.take(key);
     if (size == nullptr) return;
-    if (size->is_number_integer()) {
+    if (size->is_null()) {  // timm's "none" (ref_feat_shape); img_size's validation refuses the 0
+      h = w = 0;
+    } else if (size->is_number_integer()) {
       h = w = size->get<int64_t>();
     } else if (size->is_array() && size->size() == 2 && (*size)[0].is_number_integer() &&
                (*size)[1].is_number_integer()) {
@@ -535,6 +552,16 @@ json to_json(const Config& c) {
   visit_data(c.data, data_writer);
   visit_train(c.train, train_writer);
   return json{{"model", to_json(c.model)}, {"data", data}, {"train", train}};
+}
+
+int64_t ModelConfig::mlp_hidden() const {
+  int64_t hidden = static_cast<int64_t>(static_cast<double>(embed_dim) * mlp_ratio);
+  if (swiglu_split() && swiglu_align_to > 0) hidden += (swiglu_align_to - hidden % swiglu_align_to) % swiglu_align_to;
+  return hidden;
+}
+
+int64_t ModelConfig::pool_hidden() const {
+  return static_cast<int64_t>(static_cast<double>(embed_dim) * attn_pool_mlp_ratio.value_or(mlp_ratio));
 }
 
 std::vector<std::string> numbered_classes(int64_t count) {

@@ -23,6 +23,28 @@ VIT_ENUM_NAMES(GlobalPool, "token", "avg", "map");
 enum class Activation { gelu, quick_gelu, gelu_tanh };
 VIT_ENUM_NAMES(Activation, "gelu", "quick_gelu", "gelu_tanh");
 
+// Which of timm's model classes the weights are laid out as: VisionTransformer (vision_transformer.py) or Eva
+// (eva.py: EVA-02, DINOv3, RoPE-ViT, Perception Encoder). The two compute the same plain ViT; Eva names LayerScale
+// gamma_1 / gamma_2, splits the qkv bias into q_bias and v_bias (attn_type "eva"), and has the options below
+// (rotary embeddings, SwiGLU, inner norms) that VisionTransformer lacks.
+enum class ModelClass { vision_transformer, eva };
+VIT_ENUM_NAMES(ModelClass, "vision_transformer", "eva");
+
+// timm's rope_type: axial rotary embeddings from fixed frequencies over patch indices (RotaryEmbeddingCat: EVA-02,
+// RoPE-ViT axial), learned frequencies per block and head (RotaryEmbeddingMixed: RoPE-ViT mixed), or DINOv3's
+// periods over patch centres normalised to [-1, 1] (RotaryEmbeddingDinoV3).
+enum class RopeType { cat, mixed, dinov3 };
+VIT_ENUM_NAMES(RopeType, "cat", "mixed", "dinov3");
+
+// The order of the rotary grid's coordinates: (row, column) or (column, row), as torch.meshgrid's indexing.
+enum class GridIndexing { ij, xy };
+VIT_ENUM_NAMES(GridIndexing, "ij", "xy");
+
+// Eva's attention module: EvaAttention (the qkv bias as q_bias and v_bias, no key bias) or timm's AttentionRope (one
+// qkv bias).
+enum class AttnType { eva, rope };
+VIT_ENUM_NAMES(AttnType, "eva", "rope");
+
 // Architecture of a Vision Transformer; field names equal timm's constructor arguments.
 struct ModelConfig {
   std::string preset;            // optional preset name that filled the defaults ("" = none)
@@ -53,6 +75,27 @@ struct ModelConfig {
   std::optional<double> init_values;  // LayerScale initial value (absent = no LayerScale)
   double layer_norm_eps = 1e-6;  // LayerNorm epsilon (timm's ViT uses 1e-6)
   bool rel_pos_bias = false;     // learned 2-D relative position bias per head (added to attention logits)
+  std::optional<int64_t> attn_pool_num_heads;  // heads of the MAP head (null = num_heads)
+  std::optional<double> attn_pool_mlp_ratio;   // MLP ratio of the MAP head (null = mlp_ratio)
+
+  // timm's Eva class and its options (model_class eva only).
+  ModelClass model_class = ModelClass::vision_transformer;  // timm's class the weights are laid out as
+  bool use_abs_pos_emb = true;                              // a learned pos_embed (false: rotary embeddings only)
+  bool use_rot_pos_emb = false;        // rotary position embeddings on the patch tokens' queries and keys
+  RopeType rope_type = RopeType::cat;  // how the rotary table is made (see RopeType)
+  double rope_temperature = 10000.0;   // base of the rotary frequencies (cat, dinov3)
+  double rope_grid_offset = 0.0;       // added to the rotary grid's coordinates
+  GridIndexing rope_grid_indexing = GridIndexing::ij;  // the rotary grid's coordinate order
+  bool rope_rotate_half = false;  // rotate the two halves of each head (x1, x2) -> (-x2, x1), else adjacent pairs
+  int64_t ref_feat_h = 0;         // "ref_feat_shape": the grid cat's coordinates are scaled to (0 = none)
+  int64_t ref_feat_w = 0;
+  AttnType attn_type = AttnType::eva;  // Eva's attention module (see AttnType)
+  bool qkv_fused = true;               // one qkv projection (false: q_proj, k_proj, v_proj)
+  bool swiglu_mlp = false;             // SwiGLU MLP: silu(x W_g) * (x W_x), then fc2
+  int64_t swiglu_align_to = 0;         // round the SwiGLU hidden width up to a multiple of this (0 = off)
+  bool scale_mlp = false;         // LayerNorm on the MLP's hidden activations (mlp.norm; SwiGLU split as fc1_g, fc1_x)
+  bool scale_attn_inner = false;  // LayerNorm on the merged heads before attn.proj (attn.norm)
+  bool attn_only_layer_scale = false;  // LayerScale on the attention branch only (gamma_1, no gamma_2)
 
   int64_t grid_h() const { return img_h / patch_size; }
   int64_t grid_w() const { return img_w / patch_size; }
@@ -63,6 +106,17 @@ struct ModelConfig {
   int64_t pos_embed_prefix() const { return no_embed_class ? 0 : num_prefix_tokens(); }
   // Whether the final norm sits after pooling (fc_norm) rather than on every token (norm): timm's use_fc_norm.
   bool use_fc_norm() const { return fc_norm.value_or(global_pool == GlobalPool::avg); }
+  // The MLP's hidden width: embed_dim * mlp_ratio (as timm's int()), SwiGLU's rounded up to swiglu_align_to.
+  int64_t mlp_hidden() const;
+  // Whether the MAP head attends over the prefix tokens too (timm's Eva), not the patches only (VisionTransformer).
+  bool pool_includes_prefix() const { return model_class == ModelClass::eva; }
+  // The MAP head's heads and hidden width.
+  int64_t pool_heads() const { return attn_pool_num_heads.value_or(num_heads); }
+  int64_t pool_hidden() const;
+  // Whether the SwiGLU MLP has separate gate and value projections (fc1_g, fc1_x) rather than one packed fc1.
+  bool swiglu_split() const { return swiglu_mlp && (scale_mlp || swiglu_align_to > 0); }
+  // Whether the qkv projection's bias is Eva's q_bias and v_bias (EvaAttention with a fused qkv and qkv_bias).
+  bool eva_qkv_bias() const { return model_class == ModelClass::eva && attn_type == AttnType::eva && qkv_bias; }
 };
 
 // "model.<field>" in messages, through the field's name (util/fields.h's VIT_KEY). img_size is the one key that is

@@ -78,6 +78,45 @@ void validate(const ModelConfig& m, const std::string& source) {
   check(m.layer_norm_eps > 0, source, VIT_MODEL_KEY(layer_norm_eps), num(m.layer_norm_eps) + " must be positive");
   check(!m.init_values || *m.init_values > 0, source, VIT_MODEL_KEY(init_values),
         num(m.init_values.value_or(0)) + " must be positive (or null for no LayerScale)");
+  if (m.attn_pool_num_heads) {
+    const int64_t heads = *m.attn_pool_num_heads;
+    check(heads >= 1 && m.embed_dim % heads == 0, source, VIT_MODEL_KEY(attn_pool_num_heads),
+          std::to_string(heads) + " does not divide embed_dim " + std::to_string(m.embed_dim));
+  }
+  if (m.attn_pool_mlp_ratio) {
+    check(*m.attn_pool_mlp_ratio > 0 && *m.attn_pool_mlp_ratio <= kMaxMlpRatio, source,
+          VIT_MODEL_KEY(attn_pool_mlp_ratio),
+          num(*m.attn_pool_mlp_ratio) + " is out of range (0, " + num(kMaxMlpRatio) + "]");
+  }
+  // timm's Eva options: VisionTransformer has none of them.
+  const ModelConfig plain;
+  if (m.model_class == ModelClass::vision_transformer) {
+    const std::vector<std::pair<std::string, bool>> eva_only = {
+        {VIT_MODEL_KEY(use_abs_pos_emb), m.use_abs_pos_emb != plain.use_abs_pos_emb},
+        {VIT_MODEL_KEY(use_rot_pos_emb), m.use_rot_pos_emb != plain.use_rot_pos_emb},
+        {VIT_MODEL_KEY(qkv_fused), m.qkv_fused != plain.qkv_fused},
+        {VIT_MODEL_KEY(swiglu_mlp), m.swiglu_mlp != plain.swiglu_mlp},
+        {VIT_MODEL_KEY(scale_mlp), m.scale_mlp != plain.scale_mlp},
+        {VIT_MODEL_KEY(scale_attn_inner), m.scale_attn_inner != plain.scale_attn_inner},
+        {VIT_MODEL_KEY(attn_only_layer_scale), m.attn_only_layer_scale != plain.attn_only_layer_scale}};
+    for (const auto& [key, set] : eva_only) {
+      check(!set, source, key, "is an option of timm's Eva class: it needs model_class \"eva\"");
+    }
+  }
+  if (m.use_rot_pos_emb) {
+    check(m.head_dim() % 4 == 0, source, VIT_MODEL_KEY(use_rot_pos_emb),
+          "rotary embeddings need a head dim divisible by 4 (embed_dim / num_heads = " + std::to_string(m.head_dim()) +
+              ")");
+    check(m.rope_type != RopeType::mixed || !m.rope_rotate_half, source, VIT_MODEL_KEY(rope_rotate_half),
+          "rope_type \"mixed\" rotates adjacent pairs (timm refuses rotate_half with it)");
+    check(m.rope_temperature > 0, source, VIT_MODEL_KEY(rope_temperature),
+          num(m.rope_temperature) + " must be positive");
+  }
+  check((m.ref_feat_h == 0 && m.ref_feat_w == 0) ||
+            (m.ref_feat_h > 0 && m.ref_feat_w > 0 && m.ref_feat_h <= kMaxImageSide && m.ref_feat_w <= kMaxImageSide),
+        source, "model.ref_feat_shape", size_text(m.ref_feat_h, m.ref_feat_w) + " must be positive (or 0 for none)");
+  check(m.swiglu_align_to >= 0 && m.swiglu_align_to <= 4096, source, VIT_MODEL_KEY(swiglu_align_to),
+        std::to_string(m.swiglu_align_to) + " is out of range [0, 4096]");
 }
 
 void validate_preprocess(const Preprocess& p, const std::string& source, const std::string& section) {

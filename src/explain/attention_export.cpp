@@ -398,7 +398,7 @@ void write_arrays(const std::string& dir, const ImageMaps& maps, const Attention
     files.add("attention_npy", name);
   }
   if (maps.capture.pool_attention.defined()) {
-    write_npy(dir + "/pool_attn.npy", maps.capture.pool_attention.squeeze(1));  // (nh, Np)
+    write_npy(dir + "/pool_attn.npy", maps.capture.pool_attention.squeeze(1));  // (nh, Np), or (nh, N) (Eva)
     files.add("pool_attention_npy", "pool_attn.npy");
   }
   for (size_t m = 0; m < maps.methods.size(); ++m) {

@@ -80,7 +80,8 @@ torch::Tensor head_readout(const ModelConfig& model, const torch::Tensor& pool_a
   if (model.global_pool == GlobalPool::map) {
     TORCH_CHECK(pool_attention.defined(), "head_readout: a MAP head needs its pooling attention");
     const auto a = pool_attention.to(torch::kCPU, torch::kFloat64);
-    const auto per_patch = a.reshape({a.size(0), -1}).mean(0);  // (Np)
+    const auto per_patch = a.reshape({a.size(0), -1}).mean(0);  // (Np), or (N) over the prefix tokens too
+    if (model.pool_includes_prefix()) return per_patch;
     auto readout = torch::zeros({prefix + per_patch.size(0)}, torch::kFloat64);
     readout.narrow(0, prefix, per_patch.size(0)).copy_(per_patch);
     return readout;
@@ -97,7 +98,10 @@ torch::Tensor head_readout(const ModelConfig& model, const torch::Tensor& pool_a
 }
 
 std::string head_readout_name(const ModelConfig& model) {
-  if (model.global_pool == GlobalPool::map) return "the MAP head's pooling attention over the patches (head mean)";
+  if (model.global_pool == GlobalPool::map) {
+    return std::string("the MAP head's pooling attention over the ") +
+           (model.pool_includes_prefix() ? "tokens" : "patches") + " (head mean)";
+  }
   if (model.global_pool == GlobalPool::token && model.class_token) return "the class token's row";
   return "the mean of the patch rows (the head averages the patch tokens)";
 }
@@ -245,7 +249,7 @@ std::vector<torch::Tensor> head_keep_masks(VisionTransformer& net) {
 
 AttentionCapture capture_attention(VisionTransformer& net, const torch::Tensor& image, int64_t gradient_class) {
   TORCH_CHECK(image.dim() == 3, "capture_attention: expected one image (C, H, W), got ", image.sizes());
-  const auto device = net->pos_embed.device();
+  const auto device = net->device();
   const bool want_gradients = gradient_class != -1;
   // Gradients need the graph; without them no graph is built at all.
   torch::AutoGradMode grad_mode(want_gradients);
@@ -328,7 +332,7 @@ PerturbationCurve perturbation_curve(VisionTransformer& net, const torch::Tensor
   }
 
   torch::NoGradGuard no_grad;
-  const auto device = net->pos_embed.device();
+  const auto device = net->device();
   for (size_t start = 0; start < levels.size(); start += batch_size) {
     const size_t end = std::min(levels.size(), start + static_cast<size_t>(batch_size));
     const auto batch = torch::stack(std::vector<torch::Tensor>(levels.begin() + start, levels.begin() + end));

@@ -311,6 +311,12 @@ Geometry geometry(const ModelConfig& m, bool dynamic, const std::string& path) {
   if (m.global_pool == GlobalPool::token && !m.class_token) {
     fail(path, VIT_MODEL_KEY(global_pool) + " \"token\" needs class_token true");
   }
+  if (m.model_class == ModelClass::eva) {
+    // Not yet in the graph: rotary embeddings, SwiGLU, Eva's inner norms and parameter names.
+    fail(path, VIT_MODEL_KEY(model_class) +
+                   " \"eva\" (timm's Eva: rotary embeddings, SwiGLU) is not exported to ONNX "
+                   "yet; vit export --format timm writes it for timm");
+  }
   if (dynamic && m.rel_pos_bias) {
     fail(path, "a dynamic input size cannot hold the relative position bias (" + VIT_MODEL_KEY(rel_pos_bias) +
                    "): its table is gathered per grid; export at a fixed size (--img-size) instead");

@@ -23,9 +23,10 @@ bool no_weight_decay(const std::string& name, const at::Tensor& parameter) {
   auto ends_with = [&](const std::string& suffix) {
     return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  // timm's VisionTransformer.no_weight_decay(): pos_embed, cls_token, reg_token (and the relative bias table).
+  // timm's VisionTransformer.no_weight_decay(): pos_embed, cls_token, reg_token (and the relative bias table); Eva's
+  // adds the mixed rotary frequencies.
   return ends_with("pos_embed") || ends_with("cls_token") || ends_with("reg_token") ||
-         ends_with("relative_position_bias_table");
+         ends_with("relative_position_bias_table") || name == "rope.freqs";
 }
 
 int64_t layer_of(const std::string& name, int64_t depth) {

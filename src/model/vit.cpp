@@ -151,12 +151,29 @@ AttentionImpl::AttentionImpl(const ModelConfig& config)
       attn_drop(config.attn_drop_rate),
       proj_drop(config.proj_drop_rate) {
   const int64_t dim = config.embed_dim;
-  qkv = register_module("qkv", Linear(dim, 3 * dim, config.qkv_bias));
+  const bool eva = config.model_class == ModelClass::eva;
+  if (config.qkv_fused) {
+    qkv = register_module("qkv", Linear(dim, 3 * dim, config.qkv_bias && !config.eva_qkv_bias()));
+    if (config.eva_qkv_bias()) {
+      q_bias = register_parameter("q_bias", torch::zeros({dim}));
+      v_bias = register_parameter("v_bias", torch::zeros({dim}));
+    }
+  } else {
+    // EvaAttention's k_proj has no bias; AttentionRope's has qkv_bias's.
+    q_proj = register_module("q_proj", Linear(dim, dim, config.qkv_bias));
+    k_proj =
+        register_module("k_proj", Linear(dim, dim, config.qkv_bias && !(eva && config.attn_type == AttnType::eva)));
+    v_proj = register_module("v_proj", Linear(dim, dim, config.qkv_bias));
+  }
   if (config.qk_norm) {
     auto options = torch::nn::LayerNormOptions({head_dim}).eps(config.layer_norm_eps);
     q_norm = register_module("q_norm", torch::nn::LayerNorm(options));
     k_norm = register_module("k_norm", torch::nn::LayerNorm(options));
   }
+  if (config.scale_attn_inner) {
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)));
+  }
+  rope_rotate_half = config.rope_rotate_half;
   proj = register_module("proj", Linear(dim, dim));
   if (config.rel_pos_bias) {
     const int64_t entries = (2 * trained_grid[0] - 1) * (2 * trained_grid[1] - 1) + (prefix_tokens > 0 ? 3 : 0);
@@ -174,13 +191,21 @@ torch::Tensor AttentionImpl::relative_bias(std::array<int64_t, 2> grid) {
   return bias.view({tokens, tokens, num_heads}).permute({2, 0, 1});          // (nh, N, N)
 }
 
+torch::Tensor AttentionImpl::project_qkv(const torch::Tensor& x) {
+  if (!qkv) return torch::cat({q_proj->forward(x), k_proj->forward(x), v_proj->forward(x)}, -1);
+  if (!q_bias.defined()) return qkv->forward(x);
+  const auto bias = torch::cat({q_bias, torch::zeros_like(q_bias), v_bias});  // (3D), as EvaAttention's
+  if (qkv->packed && !torch::GradMode::is_enabled()) return qkv->forward(x) + bias;  // reduced precision
+  return linear(x, qkv->weight, bias);
+}
+
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
-                                     torch::Tensor* probs_out) {
+                                     torch::Tensor* probs_out, const torch::Tensor& rope) {
   const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
-  const auto fused = qkv->forward(x);  // (B, N, 3D)
+  const auto fused = project_qkv(x);  // (B, N, 3D)
   const bool dropping = is_training() && attn_drop > 0.0;
   const bool plain = !mask.defined() && !relative_position_bias_table.defined() && !dropping && !head_mask.defined() &&
-                     !q_norm;
+                     !q_norm && !norm && !rope.defined();
   if (kernel == AttentionKernel::automatic && !sdpa_available() && plain && probs_out == nullptr &&
       attention_core_applies(fused)) {
     // CPU float32: q, k, v read in place from the fused projection, heads in parallel (model/cpu_kernels.h).
@@ -194,6 +219,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t,
   auto qkv_out = fused.reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});  // (3, B, nh, N, hd)
   auto q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];  // (B, nh, N, hd) each
   if (q_norm) q = q_norm->forward(q), k = k_norm->forward(k);
+  if (rope.defined()) {
+    // The patch tokens' queries and keys rotated by their positions; the prefix tokens' pass as they are.
+    q = apply_rope(q, rope.to(q.device()), prefix_tokens, rope_rotate_half);
+    k = apply_rope(k, rope.to(k.device()), prefix_tokens, rope_rotate_half);
+  }
   const auto bias = relative_bias(grid);                // (nh, N, N) or undefined
 
   torch::Tensor out;  // (B, nh, N, hd)
@@ -226,6 +256,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t,
   }
   if (head_mask.defined()) out = out * head_mask.to(out.dtype()).view({1, num_heads, 1, 1});
   auto merged = out.transpose(1, 2).reshape({B, N, D});  // (B, N, D), heads concatenated
+  if (norm) merged = norm->forward(merged);
   merged = proj->forward(merged);
   if (proj_drop > 0.0 && is_training()) merged = torch::dropout(merged, /*p=*/proj_drop, /*train=*/true);
   return merged;
@@ -245,14 +276,37 @@ torch::Tensor activation(const torch::Tensor& x, Activation act) {
   throw std::logic_error("unknown activation");
 }
 
-MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act) : drop(drop), act(act) {
-  fc1 = register_module("fc1", Linear(dim, hidden));
+MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act, MlpKind kind, double norm_eps)
+    : drop(drop), act(act), kind(kind) {
+  if (kind == MlpKind::swiglu_split) {
+    fc1_g = register_module("fc1_g", Linear(dim, hidden));
+    fc1_x = register_module("fc1_x", Linear(dim, hidden));
+  } else {
+    fc1 = register_module("fc1", Linear(dim, kind == MlpKind::swiglu_packed ? 2 * hidden : hidden));
+  }
+  if (norm_eps > 0.0) {
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}).eps(norm_eps)));
+  }
   fc2 = register_module("fc2", Linear(hidden, dim));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  auto h = activation(fc1->forward(x), act);
+  torch::Tensor h;
+  switch (kind) {
+    case MlpKind::plain:
+      h = activation(fc1->forward(x), act);
+      break;
+    case MlpKind::swiglu_packed: {
+      const auto parts = fc1->forward(x).chunk(2, -1);  // gate rows first (timm's GluMlp, gate_last false)
+      h = torch::silu(parts[0]) * parts[1];
+      break;
+    }
+    case MlpKind::swiglu_split:
+      h = torch::silu(fc1_g->forward(x)) * fc1_x->forward(x);
+      break;
+  }
   if (drop > 0.0 && is_training()) h = torch::dropout(h, /*p=*/drop, /*train=*/true);
+  if (norm) h = norm->forward(h);
   h = fc2->forward(h);
   if (drop > 0.0 && is_training()) h = torch::dropout(h, /*p=*/drop, /*train=*/true);
   return h;
@@ -265,16 +319,30 @@ LayerScaleImpl::LayerScaleImpl(int64_t dim, double init_value) {
 BlockImpl::BlockImpl(const ModelConfig& config, double drop_path_rate) : drop_path_rate(drop_path_rate) {
   const int64_t dim = config.embed_dim;
   auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)); };
+  const bool eva = config.model_class == ModelClass::eva;
   norm1 = register_module("norm1", ln());
   attn = register_module("attn", Attention(config));
-  if (config.init_values) ls1 = register_module("ls1", LayerScale(dim, *config.init_values));
+  if (config.init_values && !eva) ls1 = register_module("ls1", LayerScale(dim, *config.init_values));
+  if (config.init_values && eva) gamma_1 = register_parameter("gamma_1", torch::full({dim}, *config.init_values));
   norm2 = register_module("norm2", ln());
-  const auto hidden = static_cast<int64_t>(static_cast<double>(dim) * config.mlp_ratio);
-  mlp = register_module("mlp", Mlp(dim, hidden, config.proj_drop_rate, config.act_layer));
-  if (config.init_values) ls2 = register_module("ls2", LayerScale(dim, *config.init_values));
+  const MlpKind kind = !config.swiglu_mlp      ? MlpKind::plain
+                       : config.swiglu_split() ? MlpKind::swiglu_split
+                                               : MlpKind::swiglu_packed;
+  mlp = register_module("mlp", Mlp(dim, config.mlp_hidden(), config.proj_drop_rate, config.act_layer, kind,
+                                   config.scale_mlp ? config.layer_norm_eps : 0.0));
+  if (config.init_values && !eva) ls2 = register_module("ls2", LayerScale(dim, *config.init_values));
+  if (config.init_values && eva && !config.attn_only_layer_scale) {
+    gamma_2 = register_parameter("gamma_2", torch::full({dim}, *config.init_values));
+  }
+  rotary = config.use_rot_pos_emb;
 }
 
 std::string BlockImpl::fused_refusal() const {
+  if (rotary) return "rotary position embeddings (use_rot_pos_emb)";
+  if (mlp->kind != MlpKind::plain) return "swiglu_mlp";
+  if (mlp->norm) return "scale_mlp";
+  if (attn->norm) return "scale_attn_inner";
+  if (!attn->plain_qkv()) return "Eva's q_bias / v_bias or q_proj / k_proj / v_proj";
   if (attn->q_norm) return "qk_norm";
   if (attn->relative_position_bias_table.defined()) return "rel_pos_bias";
   if (is_training() && (attn->attn_drop > 0.0 || attn->proj_drop > 0.0)) {
@@ -284,18 +352,20 @@ std::string BlockImpl::fused_refusal() const {
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
-                                 torch::Tensor* probs_out) {
+                                 torch::Tensor* probs_out, const torch::Tensor& rope) {
   // The fused CPU block where nothing asks for what it does not compute (probabilities, masks, head ablation, another
   // attention kernel) and the model's options are covered.
   if (fused && probs_out == nullptr && !mask.defined() && !attn->head_mask.defined() &&
-      attn->kernel == AttentionKernel::automatic && !attn->qkv->packed) {
-    const BlockParameters parameters{norm1->weight,       norm1->bias,     attn->qkv->weight, attn->qkv->bias,
-                                     attn->proj->weight,  attn->proj->bias, ls1 ? ls1->gamma : torch::Tensor(),
-                                     norm2->weight,       norm2->bias,     mlp->fc1->weight,  mlp->fc1->bias,
-                                     mlp->fc2->weight,    mlp->fc2->bias,  ls2 ? ls2->gamma : torch::Tensor()};
-    if (fused_block_applies(x, parameters)) {
-      const auto refusal = fused_refusal();
-      if (refusal.empty()) {
+      attn->kernel == AttentionKernel::automatic) {
+    const auto refusal = fused_refusal();
+    if (refusal.empty() && !attn->qkv->packed) {
+      // clang-format off
+      const BlockParameters parameters{norm1->weight,      norm1->bias,      attn->qkv->weight, attn->qkv->bias,
+                                       attn->proj->weight, attn->proj->bias, ls1 ? ls1->gamma : torch::Tensor(),
+                                       norm2->weight,      norm2->bias,      mlp->fc1->weight,  mlp->fc1->bias,
+                                       mlp->fc2->weight,   mlp->fc2->bias,   ls2 ? ls2->gamma : torch::Tensor()};
+      // clang-format on
+      if (fused_block_applies(x, parameters)) {
         const int64_t B = x.size(0);
         // Drawn in the order the per-operator path draws them (after attention, after the MLP): same seed, same drops.
         const auto keep1 = drop_path_keep(B, drop_path_rate, is_training(), x.options());
@@ -303,31 +373,34 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> 
         const BlockShape shape{attn->num_heads, attn->scale, norm1->options.eps(), mlp->act};
         return fused_block(x, parameters, shape, keep1, keep2);
       }
+    } else if (!refusal.empty() && fused_block_enabled() && cpu_kernels_available() && x.device().is_cpu() &&
+               x.scalar_type() == torch::kFloat) {
       note_fused_fallback(refusal);
     }
   }
-  auto a = attn->forward(norm1->forward(x), grid, mask, probs_out);
+  auto a = attn->forward(norm1->forward(x), grid, mask, probs_out, rope);
   if (ls1) a = ls1->forward(a);
+  if (gamma_1.defined()) a = gamma_1 * a;
   auto y = x + drop_path(a, drop_path_rate, is_training());
   auto m = mlp->forward(norm2->forward(y));
   if (ls2) m = ls2->forward(m);
+  if (gamma_2.defined()) m = gamma_2 * m;
   return y + drop_path(m, drop_path_rate, is_training());
 }
 
 // ---- AttentionPool ----
 
 AttentionPoolImpl::AttentionPoolImpl(const ModelConfig& config)
-    : num_heads(config.num_heads),
-      head_dim(config.head_dim()),
-      scale(1.0 / std::sqrt(static_cast<double>(config.head_dim()))) {
+    : num_heads(config.pool_heads()),
+      head_dim(config.embed_dim / config.pool_heads()),
+      scale(1.0 / std::sqrt(static_cast<double>(config.embed_dim / config.pool_heads()))) {
   const int64_t dim = config.embed_dim;
   latent = register_parameter("latent", torch::zeros({1, 1, dim}));
   q = register_module("q", Linear(dim, dim));
   kv = register_module("kv", Linear(dim, 2 * dim));
   proj = register_module("proj", Linear(dim, dim));
   norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)));
-  const auto hidden = static_cast<int64_t>(static_cast<double>(dim) * config.mlp_ratio);
-  mlp = register_module("mlp", Mlp(dim, hidden, 0.0, config.act_layer));
+  mlp = register_module("mlp", Mlp(dim, config.pool_hidden(), 0.0, config.act_layer));
 }
 
 torch::Tensor AttentionPoolImpl::forward(const torch::Tensor& x, torch::Tensor* probs_out) {
@@ -354,7 +427,10 @@ VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config, Init ini
   patch_embed = register_module("patch_embed", PatchEmbed(config));
   if (config.class_token) cls_token = register_parameter("cls_token", torch::zeros({1, 1, dim}));
   if (config.reg_tokens > 0) reg_token = register_parameter("reg_token", torch::zeros({1, config.reg_tokens, dim}));
-  pos_embed = register_parameter("pos_embed", torch::zeros({1, patches + config.pos_embed_prefix(), dim}));
+  if (config.use_abs_pos_emb) {
+    pos_embed = register_parameter("pos_embed", torch::zeros({1, patches + config.pos_embed_prefix(), dim}));
+  }
+  if (config.use_rot_pos_emb) rope = register_module("rope", RotaryEmbedding(config));
   auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)); };
   if (config.pre_norm) norm_pre = register_module("norm_pre", ln());
   blocks = register_module("blocks", torch::nn::ModuleList());
@@ -370,11 +446,14 @@ VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config, Init ini
   if (init == Init::random) reset_parameters();
 }
 
+torch::Device VisionTransformerImpl::device() const { return patch_embed->proj->weight.device(); }
+
 void VisionTransformerImpl::reset_parameters() {
   torch::NoGradGuard no_grad;
-  trunc_normal_(pos_embed, 0.02);
-  if (cls_token.defined()) cls_token.normal_(0.0, 1e-6);
-  if (reg_token.defined()) reg_token.normal_(0.0, 1e-6);
+  const bool eva = config_.model_class == ModelClass::eva;
+  if (pos_embed.defined()) trunc_normal_(pos_embed, 0.02);
+  if (cls_token.defined()) eva ? trunc_normal_(cls_token, 0.02) : void(cls_token.normal_(0.0, 1e-6));
+  if (reg_token.defined()) eva ? trunc_normal_(reg_token, 0.02) : void(reg_token.normal_(0.0, 1e-6));
   if (attn_pool) {
     // timm's trunc_normal_tf_(std = D^-0.5): truncated at two standard deviations.
     const double std = 1.0 / std::sqrt(static_cast<double>(config_.embed_dim));
@@ -393,8 +472,23 @@ void VisionTransformerImpl::reset_parameters() {
       if (attention->relative_position_bias_table.defined()) attention->relative_position_bias_table.zero_();
     } else if (auto* scale = module->as<LayerScale>()) {
       scale->gamma.fill_(*config_.init_values);
+    } else if (auto* attention = module->as<Attention>()) {
+      if (attention->q_bias.defined()) attention->q_bias.zero_(), attention->v_bias.zero_();
     }
   }
+  if (!eva) return;
+  // timm's Eva: LayerScale at init_values, the residual branches' output projections divided by sqrt(2 (layer + 1))
+  // (fix_init_weight), the head scaled by head_init_scale 0.001, rope.freqs as init_random_2d_freqs.
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    auto block = blocks[i]->as<Block>();
+    if (block->gamma_1.defined()) block->gamma_1.fill_(*config_.init_values);
+    if (block->gamma_2.defined()) block->gamma_2.fill_(*config_.init_values);
+    const double scale = std::sqrt(2.0 * static_cast<double>(i + 1));
+    block->attn->proj->weight.div_(scale);
+    block->mlp->fc2->weight.div_(scale);
+  }
+  if (head) head->weight.mul_(0.001), head->bias.mul_(0.001);
+  if (rope) rope->reset_parameters();
 }
 
 torch::Tensor resample_pos_embed(const torch::Tensor& pos_embed, int64_t old_h, int64_t old_w, int64_t new_h,
@@ -422,6 +516,7 @@ torch::Tensor resample_pos_embed(const torch::Tensor& pos_embed, int64_t old_h, 
 }
 
 torch::Tensor VisionTransformerImpl::pos_embed_for(int64_t grid_h, int64_t grid_w) {
+  if (!pos_embed.defined()) return {};
   return resample_pos_embed(pos_embed, config_.grid_h(), config_.grid_w(), grid_h, grid_w, config_.pos_embed_prefix());
 }
 
@@ -448,13 +543,19 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
   std::vector<torch::Tensor> parts;  // prefix tokens, then the patches
   if (cls_token.defined()) parts.push_back(cls_token.expand({B, -1, -1}).to(tokens.dtype()));
   if (reg_token.defined()) parts.push_back(reg_token.expand({B, -1, -1}).to(tokens.dtype()));
-  const auto pos = pos_embed_for(grid[0], grid[1]).to(tokens.dtype());
-  if (config_.no_embed_class) tokens = tokens + pos;  // the patches only, before the prefix joins (DeiT-3)
+  auto pos = pos_embed_for(grid[0], grid[1]);
+  if (pos.defined()) pos = pos.to(tokens.dtype());
+  if (pos.defined() && config_.no_embed_class) tokens = tokens + pos;  // the patches only, before the prefix (DeiT-3)
   if (!parts.empty()) {
     parts.push_back(tokens);
     tokens = torch::cat(parts, 1);
   }
-  if (!config_.no_embed_class) tokens = tokens + pos;  // (B, N, D)
+  if (pos.defined() && !config_.no_embed_class) tokens = tokens + pos;  // (B, N, D)
+  // The rotary table for this grid (one per block and head with rope_type mixed): Eva's rope.get_embed(shape).
+  const torch::Tensor rotary = rope ? rope->embed(grid).to(tokens.device()) : torch::Tensor();
+  auto rope_of = [&](int64_t block) {
+    return rotary.defined() && config_.rope_type == RopeType::mixed ? rotary[block] : rotary;
+  };
   if (config_.pos_drop_rate > 0.0 && is_training()) tokens = torch::dropout(tokens, config_.pos_drop_rate, true);
   if (norm_pre) tokens = norm_pre->forward(tokens);
   if (capture != nullptr) capture->embed = tokens;
@@ -468,21 +569,24 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
     // of 3, 2 threads). In float32 a chunk keeps at least 2 x embed_dim rows, so that each block's weights are read
     // for enough rows: ViT-B/16 in 3-image chunks lost 3%, in 8-image ones it runs as unchunked; ViT-S/16 as before.
     const int64_t N = tokens.size(1);
-    const int64_t hidden = static_cast<int64_t>(static_cast<double>(config_.embed_dim) * config_.mlp_ratio);
+    const int64_t hidden = config_.mlp_hidden() * (config_.swiglu_mlp ? 2 : 1);
     int64_t per_chunk = std::max<int64_t>(1, (int64_t{8} << 20) / (N * hidden * 4));
     if (precision_ == Precision::fp32) per_chunk = std::max(per_chunk, (2 * config_.embed_dim + N - 1) / N);
     std::vector<torch::Tensor> chunks;
     for (auto chunk : tokens.split(per_chunk)) {
-      for (const auto& module : *blocks) chunk = module->as<Block>()->forward(chunk, grid, mask, nullptr);
+      for (size_t b = 0; b < blocks->size(); ++b) {
+        chunk = blocks[b]->as<Block>()->forward(chunk, grid, mask, nullptr, rope_of(static_cast<int64_t>(b)));
+      }
       chunks.push_back(chunk);
     }
     tokens = chunks.size() == 1 ? chunks[0] : torch::cat(chunks);
     if (norm) tokens = norm->forward(tokens);
     return tokens;
   }
-  for (const auto& module : *blocks) {
+  for (size_t b = 0; b < blocks->size(); ++b) {
     torch::Tensor probs;
-    tokens = module->as<Block>()->forward(tokens, grid, mask, want_probs ? &probs : nullptr);
+    tokens = blocks[b]->as<Block>()->forward(tokens, grid, mask, want_probs ? &probs : nullptr,
+                                             rope_of(static_cast<int64_t>(b)));
     if (want_probs) capture->attention_probs.push_back(probs);
     if (capture != nullptr && capture->block_outputs) capture->outputs.push_back(tokens);
   }
@@ -497,7 +601,8 @@ torch::Tensor VisionTransformerImpl::forward_head(const torch::Tensor& tokens, b
   torch::Tensor pooled;  // (B, D)
   if (attn_pool) {
     const bool want_probs = capture != nullptr && capture->attention;
-    pooled = attn_pool->forward(tokens.narrow(1, prefix, tokens.size(1) - prefix),
+    const int64_t skip = config_.pool_includes_prefix() ? 0 : prefix;
+    pooled = attn_pool->forward(tokens.narrow(1, skip, tokens.size(1) - skip),
                                 want_probs ? &capture->pool_attention : nullptr);
   } else if (config_.global_pool == GlobalPool::avg) {
     pooled = tokens.narrow(1, prefix, tokens.size(1) - prefix).mean(1);
@@ -520,7 +625,7 @@ bool VisionTransformerImpl::cuda_autocast(const torch::Tensor& x) const {
 }
 
 void VisionTransformerImpl::set_precision(Precision precision) {
-  const auto device = pos_embed.device().type();
+  const auto device = this->device().type();
   const auto refusal = precision_refusal(precision, device);
   if (!refusal.empty()) throw std::invalid_argument(refusal);
   // Packed layers are made from the weights as they are now; fp32 and CUDA keep none.
@@ -586,7 +691,7 @@ void VisionTransformerImpl::set_head_mask(int64_t layer, const std::vector<int64
     }
     mask[h] = 0.0;
   }
-  attention->head_mask = mask.to(pos_embed.device());
+  attention->head_mask = mask.to(device());
 }
 
 void VisionTransformerImpl::set_attention_kernel(AttentionKernel kernel) {

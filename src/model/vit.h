@@ -10,6 +10,11 @@
 // after the embedding, a patch embedding without bias), qk_norm (q_norm, k_norm over each head), act_layer,
 // final_norm and fc_norm (where the last norm sits), global_pool "map" (attn_pool: one learned latent query attends
 // over the patch tokens, then proj, and a residual MLP behind a norm).
+//
+// With model_class eva the same modules take timm's Eva names and options: rotary embeddings on the patch tokens'
+// queries and keys (rope, model/rope.h), no learned pos_embed (use_abs_pos_emb false), q_bias / v_bias or
+// q_proj / k_proj / v_proj, attn.norm (scale_attn_inner), SwiGLU MLPs (mlp.fc1 packed, or fc1_g / fc1_x with
+// mlp.norm), gamma_1 / gamma_2 for LayerScale.
 #pragma once
 
 #include <array>
@@ -21,6 +26,7 @@
 
 #include "config/model_config.h"
 #include "model/precision.h"
+#include "model/rope.h"
 
 namespace vit {
 
@@ -32,6 +38,7 @@ struct Capture {
   std::vector<torch::Tensor> outputs;          // per block: (B, N, D)
   torch::Tensor embed;                         // tokens after position embedding (and norm_pre): (B, N, D)
   torch::Tensor pool_attention;  // with global_pool "map" (forward_head): (B, nh, 1, Np), the latent's attention
+                                 // (over all N tokens with model_class eva: ModelConfig::pool_includes_prefix)
 };
 
 // Boolean masks broadcastable to (B, nh, N, N); true = the query may attend to that key.
@@ -89,13 +96,22 @@ struct AttentionImpl : torch::nn::Module {
   AttentionImpl(const ModelConfig& config);
   // x: (B, N, D); grid: the patch grid of x (for the relative bias); mask: optional bool, broadcastable to
   // (B, nh, N, N). probs_out: when given, receives the softmax probabilities (B, nh, N, N) the output used.
+  // rope: the rotary table for the patch tokens (model/rope.h), or undefined.
   torch::Tensor forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask = {},
-                        torch::Tensor* probs_out = nullptr);
+                        torch::Tensor* probs_out = nullptr, const torch::Tensor& rope = {});
   // (nh, N, N) relative position bias for a grid, or undefined without rel_pos_bias.
   torch::Tensor relative_bias(std::array<int64_t, 2> grid);
+  // x (B, N, D) -> q, k, v side by side (B, N, 3D), through whichever projections the model has.
+  torch::Tensor project_qkv(const torch::Tensor& x);
+  // Whether the projections are the plain fused qkv (with its own bias or none), as the fused kernels read them.
+  bool plain_qkv() const { return qkv && !q_bias.defined(); }
 
   Linear qkv{nullptr}, proj{nullptr};
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};  // qkv_fused false (Eva)
+  torch::Tensor q_bias, v_bias;  // Eva's qkv bias (ModelConfig::eva_qkv_bias): the key's is zero and not stored
   torch::nn::LayerNorm q_norm{nullptr}, k_norm{nullptr};  // over hd, only with qk_norm
+  torch::nn::LayerNorm norm{nullptr};                     // over the merged heads, only with scale_attn_inner
+  bool rope_rotate_half = false;
   torch::Tensor relative_position_bias_table;  // ((2gh-1)(2gw-1) [+3 with prefix tokens], nh) when rel_pos_bias
   int64_t num_heads, head_dim;
   double scale;
@@ -110,13 +126,23 @@ TORCH_MODULE(Attention);
 // The MLP activation of act_layer, elementwise.
 torch::Tensor activation(const torch::Tensor& x, Activation act);
 
+// The MLP's form: fc1, act, fc2 (timm's Mlp); SwiGLU with one packed fc1 of gate then value rows (timm's GluMlp with
+// SiLU, gate first); SwiGLU with separate fc1_g and fc1_x (timm's SwiGLU).
+enum class MlpKind { plain, swiglu_packed, swiglu_split };
+
 struct MlpImpl : torch::nn::Module {
-  MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act = Activation::gelu);
+  // hidden: the activation's width (a packed SwiGLU's fc1 has twice as many rows). norm_eps > 0: a LayerNorm on the
+  // hidden activations before fc2 (mlp.norm).
+  MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act = Activation::gelu, MlpKind kind = MlpKind::plain,
+          double norm_eps = 0.0);
   torch::Tensor forward(const torch::Tensor& x);
 
   Linear fc1{nullptr}, fc2{nullptr};
+  Linear fc1_g{nullptr}, fc1_x{nullptr};  // swiglu_split
+  torch::nn::LayerNorm norm{nullptr};
   double drop;
   Activation act;
+  MlpKind kind;
 };
 TORCH_MODULE(Mlp);
 
@@ -124,7 +150,7 @@ TORCH_MODULE(Mlp);
 // tokens it is given (keys and values from kv), the heads are merged through proj, and x + mlp(norm(x)) follows.
 struct AttentionPoolImpl : torch::nn::Module {
   explicit AttentionPoolImpl(const ModelConfig& config);
-  // x: (B, Np, D) -> (B, D). probs_out: when given, receives the attention (B, nh, 1, Np).
+  // x: (B, Np, D) -> (B, D). probs_out: when given, receives the attention (B, nh, 1, Np), nh = pool_heads().
   torch::Tensor forward(const torch::Tensor& x, torch::Tensor* probs_out = nullptr);
 
   torch::Tensor latent;  // (1, 1, D)
@@ -147,15 +173,18 @@ struct BlockImpl : torch::nn::Module {
   BlockImpl(const ModelConfig& config, double drop_path_rate);
   // On the CPU in float32, through the fused block (model/fused_block.h) where it covers the options and nothing asks
   // for the attention probabilities, a mask or a head mask; otherwise operator by operator.
+  // rope: this block's rotary table (model/rope.h), or undefined.
   torch::Tensor forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
-                        torch::Tensor* probs_out);
+                        torch::Tensor* probs_out, const torch::Tensor& rope = {});
   // The option that keeps this block off the fused path ("qk_norm", ...), or empty when it is covered.
   std::string fused_refusal() const;
 
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   Attention attn{nullptr};
   Mlp mlp{nullptr};
-  LayerScale ls1{nullptr}, ls2{nullptr};  // only when init_values is set
+  LayerScale ls1{nullptr}, ls2{nullptr};  // only when init_values is set (VisionTransformer's names)
+  torch::Tensor gamma_1, gamma_2;         // the same with model_class eva (gamma_2 absent with attn_only_layer_scale)
+  bool rotary = false;                    // the model gives this block a rotary table
   double drop_path_rate;  // stochastic depth probability of this block
   bool fused = true;      // may take the fused CPU block; false keeps the per-operator path (tests compare them)
 };
@@ -165,6 +194,8 @@ struct VisionTransformerImpl : torch::nn::Module {
   // Init::none leaves the weights' contents undefined until they are loaded (load_state).
   explicit VisionTransformerImpl(const ModelConfig& config, Init init = Init::random);
 
+  // The device the parameters are on.
+  torch::Device device() const;
   // (B, C, H, W) -> (B, K) logits (or pooled features when num_classes == 0).
   torch::Tensor forward(const torch::Tensor& x);
   // (B, C, H, W) -> (B, N, D) tokens after the final norm. mask as in Attention; capture is optional.
@@ -174,7 +205,7 @@ struct VisionTransformerImpl : torch::nn::Module {
   torch::Tensor forward_head(const torch::Tensor& tokens, bool pre_logits = false, Capture* capture = nullptr);
 
   // Position embedding for a gh x gw grid: the trained one, or resampled bicubically (prefix rows kept):
-  // (1, pos_embed_prefix + gh*gw, D).
+  // (1, pos_embed_prefix + gh*gw, D). Undefined without use_abs_pos_emb.
   torch::Tensor pos_embed_for(int64_t grid_h, int64_t grid_w);
   // Zeroes the outputs of the given heads of block `layer` (head ablation); an empty list restores the block.
   void set_head_mask(int64_t layer, const std::vector<int64_t>& heads);
@@ -196,7 +227,9 @@ struct VisionTransformerImpl : torch::nn::Module {
   std::vector<std::string> quantized_weight_names();
   // Re-initialises all parameters as timm's default init ("jax"-free): trunc-normal(0.02) for Linear and pos_embed,
   // normal(1e-6) for cls_token and reg_token, trunc-normal(D^-0.5) for attn_pool's latent, zero biases, LayerNorm
-  // (1, 0). Deterministic given torch's generator state.
+  // (1, 0). model_class eva as timm's Eva: trunc-normal(0.02) for the tokens too, attn.proj and mlp.fc2 divided by
+  // sqrt(2 (layer + 1)), the head scaled by 0.001, rope.freqs randomly rotated. Deterministic given torch's
+  // generator state.
   void reset_parameters();
 
   const ModelConfig& config() const { return config_; }
@@ -205,7 +238,8 @@ struct VisionTransformerImpl : torch::nn::Module {
   PatchEmbed patch_embed{nullptr};
   torch::Tensor cls_token;  // (1, 1, D), with class_token
   torch::Tensor reg_token;  // (1, reg_tokens, D), with reg_tokens > 0
-  torch::Tensor pos_embed;  // (1, pos_embed_prefix + gh*gw, D)
+  torch::Tensor pos_embed;  // (1, pos_embed_prefix + gh*gw, D), with use_abs_pos_emb
+  RotaryEmbedding rope{nullptr};           // with use_rot_pos_emb
   torch::nn::LayerNorm norm_pre{nullptr};  // with pre_norm
   torch::nn::ModuleList blocks{nullptr};
   torch::nn::LayerNorm norm{nullptr};     // final norm on every token (final_norm, not use_fc_norm)
