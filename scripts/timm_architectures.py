@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
 """Writes src/config/timm_architectures.h: timm's registered ViT architectures that vit builds, each as the "model"
-section of a vit config (vit's field names are timm's constructor arguments).
+section of a vit config (vit's field names are timm's constructor arguments): VisionTransformer's (vision_transformer,
+deit) and Eva's (eva: EVA-02, DINOv3, RoPE-ViT, Perception Encoder; "model_class": "eva").
 
   .venv/bin/python scripts/timm_architectures.py > src/config/timm_architectures.h
 
 Each architecture's constructor arguments are read from timm's own registry (its model function is called with
 _create_vision_transformer intercepted, so nothing is built) and its input size from its default pretrained config.
-Architectures that need what vit lacks (SwiGLU MLPs, RMSNorm, parallel blocks, differential attention, distillation
-tokens, an input size that is not a whole number of patches) are left out. tests/test_interop.cpp (TimmPresets) checks the table against the installed timm.
+Architectures that need what vit lacks (VisionTransformer's SwiGLU MLPs, RMSNorm, parallel blocks, differential
+attention, distillation tokens, Eva's post-norm blocks and grouped-query attention, an input size that is not a whole
+number of patches) are left out. tests/test_interop.cpp (TimmPresets) checks the table against the installed timm.
 """
 import json
 import sys
 
 import timm
 import timm.models.deit as deit
+import timm.models.eva as eva
 import timm.models.vision_transformer as vision_transformer
 from timm.models import _registry
 
@@ -21,6 +24,13 @@ from timm.models import _registry
 SAME = ["patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "class_token", "reg_tokens",
         "no_embed_class", "pre_norm", "global_pool", "final_norm", "fc_norm", "qk_norm", "act_layer", "init_values"]
 IGNORED = {"img_size", "dynamic_img_size"}  # the size comes from the pretrained config; vit runs any size
+# Eva's arguments under the same name in vit, and those vit spells otherwise.
+EVA_SAME = ["patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "qkv_fused", "qk_norm",
+            "swiglu_mlp", "swiglu_align_to", "scale_mlp", "scale_attn_inner", "attn_type", "init_values",
+            "attn_only_layer_scale", "class_token", "no_embed_class", "use_abs_pos_emb", "use_rot_pos_emb",
+            "rope_type", "rope_grid_offset", "rope_grid_indexing", "rope_temperature", "rope_rotate_half",
+            "global_pool", "attn_pool_num_heads", "attn_pool_mlp_ratio"]
+EVA_RENAMED = {"num_reg_tokens": "reg_tokens", "use_pre_transformer_norm": "pre_norm"}
 
 
 def timm_arguments():
@@ -33,17 +43,60 @@ def timm_arguments():
 
     vision_transformer._create_vision_transformer = intercept
     deit._create_deit = intercept
+    eva._create_eva = intercept
     out = {}
     for name in timm.list_models():
-        if _registry._model_to_module.get(name) not in ("vision_transformer", "deit") or name.startswith("test_"):
+        if _registry._model_to_module.get(name) not in ("vision_transformer", "deit", "eva") or name.startswith("test_"):
             continue
         try:
             _registry._model_entrypoints[name](pretrained=False)
         except StopIteration:
             pass
         cfg = _registry.get_pretrained_cfg(name)
-        out[name] = (captured.get(name, {}), list(cfg.input_size))
+        out[name] = (captured.get(name, {}), list(cfg.input_size), _registry._model_to_module[name])
     return out
+
+
+def layer_norm_eps(value):
+    """The epsilon of a norm_layer that is timm's LayerNorm, else None."""
+    if getattr(value, "func", None) is None or value.func.__name__ != "LayerNorm":
+        return None
+    return value.keywords.get("eps", 1e-6)
+
+
+def eva_model_section(kwargs, input_size):
+    """An Eva architecture's model section, or None when it needs something vit lacks."""
+    section = {"model_class": "eva"}
+    for key, value in kwargs.items():
+        if key in EVA_SAME:
+            section[key] = list(value) if isinstance(value, tuple) else value
+        elif key in EVA_RENAMED:
+            section[EVA_RENAMED[key]] = value
+        elif key == "ref_feat_shape":
+            section[key] = list(value) if isinstance(value, tuple) else value
+        elif key == "norm_layer":
+            eps = layer_norm_eps(value)
+            if eps is None:
+                return None  # RmsNorm
+            section["layer_norm_eps"] = eps
+        elif key in ("use_fc_norm", "use_post_transformer_norm"):
+            pass  # below
+        elif key not in IGNORED:
+            return None  # num_kv_heads, use_post_norm, rope_rescale_coords, ...
+    # Eva's defaults where vit's differ: average pooling; the final norm's place from use_fc_norm and
+    # use_post_transformer_norm (both None: fc_norm exactly with avg, the norm on every token otherwise).
+    section.setdefault("global_pool", "avg")
+    fc = kwargs.get("use_fc_norm")
+    fc = section["global_pool"] == "avg" if fc is None else fc
+    post = kwargs.get("use_post_transformer_norm")
+    post = not fc if post is None else post
+    if fc and post:
+        return None  # both norms: vit has one final norm
+    if not fc and not post:
+        section["final_norm"] = False
+    elif fc != (section["global_pool"] == "avg"):
+        section["fc_norm"] = fc
+    return section
 
 
 def vit_model_section(kwargs, input_size):
@@ -55,11 +108,17 @@ def vit_model_section(kwargs, input_size):
                 return None
             section[key] = value
         elif key == "norm_layer":
-            if getattr(value, "func", None) is None or value.func.__name__ != "LayerNorm":
+            eps = layer_norm_eps(value)
+            if eps is None:
                 return None
-            section["layer_norm_eps"] = value.keywords.get("eps", 1e-6)
+            section["layer_norm_eps"] = eps
         elif key not in IGNORED:
             return None
+    return size_section(section, input_size)
+
+
+def size_section(section, input_size):
+    """The section with the pretrained input size, or None when it is not a whole number of patches."""
     c, h, w = input_size
     patch = section.get("patch_size", 16)
     if h % patch or w % patch:
@@ -72,8 +131,13 @@ def vit_model_section(kwargs, input_size):
 
 def main():
     rows = []
-    for name, (kwargs, input_size) in sorted(timm_arguments().items()):
-        section = vit_model_section(kwargs, input_size)
+    for name, (kwargs, input_size, module) in sorted(timm_arguments().items()):
+        if module == "eva":
+            section = eva_model_section(kwargs, input_size)
+            if section is not None:
+                section = size_section(section, input_size)
+        else:
+            section = vit_model_section(kwargs, input_size)
         if section is not None:
             rows.append((name, json.dumps(section, separators=(",", ":"))))
     out = sys.stdout

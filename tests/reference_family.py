@@ -134,7 +134,8 @@ def shapes(a):
             model = timm.create_model(name, pretrained=False, depth=1)
         norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
         act = model.blocks[0].mlp.act
-        act_name = {"GELU": "gelu", "QuickGELU": "quick_gelu", "GELUTanh": "gelu_tanh"}.get(type(act).__name__,
+        act_name = {"GELU": "gelu", "QuickGELU": "quick_gelu", "GELUTanh": "gelu_tanh", "SiLU": "silu"}.get(
+                                                                                          type(act).__name__,
                                                                                           type(act).__name__)
         if act_name == "gelu" and getattr(act, "approximate", "none") == "tanh":
             act_name = "gelu_tanh"

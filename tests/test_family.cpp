@@ -143,7 +143,36 @@ INSTANTIATE_TEST_SUITE_P(
         FamilyCase{"no_final_norm", "vit_base_patch16_radio_v3", tiny(R"("img_size": 32)"), "32x32"},
         // qk_norm on a plain ViT.
         FamilyCase{"qk_norm", "vit_small_patch16_224",
-                   tiny(R"("img_size": 32, "qk_norm": true, "dynamic_img_size": true)"), "32x32,32x48", "80x48"}),
+                   tiny(R"("img_size": 32, "qk_norm": true, "dynamic_img_size": true)"), "32x32,32x48", "80x48"},
+        // timm's Eva class, each family at its trained size and two others (one rectangular).
+        // EVA-02: rotary embeddings (cat) rescaled to ref_feat_shape, packed SwiGLU, q_bias / v_bias, avg + fc_norm.
+        FamilyCase{"eva02", "eva02_tiny_patch14_224", tiny(R"("img_size": 28, "dynamic_img_size": true)"),
+                   "28x28,42x56,56x56", "42x42"},
+        // EVA-02 CLIP: q_proj / k_proj / v_proj, SwiGLU as fc1_g / fc1_x with mlp.norm, attn.norm, class token.
+        FamilyCase{"eva02_clip", "eva02_base_patch16_clip_224", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
+                   "32x32,48x32,64x64"},
+        // DINOv3: DINOv3 rotary periods over normalised patch centres, rotate_half, 4 registers, gamma_1 / gamma_2,
+        // no learned position embedding, with and without qkv bias.
+        FamilyCase{"dinov3", "vit_small_patch16_dinov3", tiny(R"("img_size": 32)"), "32x32,48x64,80x80"},
+        // ... and with class-token pooling, as upstream DINOv3 (model_args' global_pool over the architecture's).
+        FamilyCase{"dinov3_qkvb", "vit_small_patch16_dinov3_qkvb", tiny(R"("img_size": 32, "global_pool": "token")"),
+                   "32x32,64x48,48x48"},
+        // RoPE-ViT: axial (cat, xy, temperature 100), mixed (learned frequencies per block and head), axial with APE.
+        FamilyCase{"rope_axial", "vit_small_patch16_rope_224", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
+                   "32x32,48x64,64x64"},
+        FamilyCase{"rope_mixed", "vit_small_patch16_rope_mixed_224",
+                   tiny(R"("img_size": 32, "dynamic_img_size": true)"), "32x32,64x48,48x48"},
+        FamilyCase{"rope_ape", "vit_small_patch16_rope_ape_224", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
+                   "32x32,48x64,64x64"},
+        // timm's rope_reg gap: one register, no class token, average pooling; model_args' use_fc_norm false puts the
+        // final norm on every token (use_post_transformer_norm's default then).
+        FamilyCase{"rope_reg1_gap", "vit_medium_patch16_rope_reg1_gap_256",
+                   tiny(R"("img_size": 32, "dynamic_img_size": true, "use_fc_norm": false)"), "32x32,48x32,64x64"},
+        // Perception Encoder core: norm_pre, grid offset 1, MAP head with its own 8 heads; spatial: no final norm.
+        FamilyCase{"pe_core", "vit_pe_core_tiny_patch16_384", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
+                   "32x32,64x48,48x48"},
+        FamilyCase{"pe_spatial", "vit_pe_spatial_tiny_patch16_512", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
+                   "32x32,48x64,64x64"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(TimmPresets, EveryPresetHasTimmsShapesNormsActivationAndSize) {
@@ -167,7 +196,7 @@ TEST(TimmPresets, EveryPresetHasTimmsShapesNormsActivationAndSize) {
     m.num_classes = state.contains("head.weight") ? state["head.weight"][0].get<int64_t>() : 0;
     EXPECT_EQ(theirs["img_size"], nlohmann::json::array({m.img_h, m.img_w}));
     EXPECT_EQ(theirs["num_prefix_tokens"].get<int64_t>(), m.num_prefix_tokens());
-    EXPECT_EQ(theirs["act"].get<std::string>(), name_of(m.act_layer));
+    EXPECT_EQ(theirs["act"].get<std::string>(), m.swiglu_mlp ? "silu" : name_of(m.act_layer));  // SwiGLU: SiLU gate
     EXPECT_EQ(theirs["eps"], nlohmann::json::array({m.layer_norm_eps}));
     VisionTransformer net(m, Init::none);
     std::map<std::string, std::vector<int64_t>> ours;
@@ -204,6 +233,34 @@ TEST(FamilyModel, EveryParameterLearnsAndIsCounted) {
   {
     ModelConfig m = base();
     m.reg_tokens = 1, m.final_norm = false, m.no_embed_class = true;
+    configs.push_back(m);
+  }
+  // timm's Eva class: learned rotary frequencies, AttentionRope's q_proj / k_proj / v_proj, split SwiGLU with
+  // mlp.norm, attn.norm, q / k norms, gamma_1 only, a MAP head with its own heads and width over all tokens.
+  {
+    ModelConfig m = base();
+    m.model_class = ModelClass::eva, m.use_abs_pos_emb = false, m.use_rot_pos_emb = true;
+    m.rope_type = RopeType::mixed, m.rope_grid_indexing = GridIndexing::xy, m.attn_type = AttnType::rope;
+    m.qkv_fused = false, m.swiglu_mlp = true, m.scale_mlp = true, m.scale_attn_inner = true, m.qk_norm = true;
+    m.init_values = 0.1, m.attn_only_layer_scale = true, m.reg_tokens = 1, m.global_pool = GlobalPool::map;
+    m.attn_pool_num_heads = 2, m.attn_pool_mlp_ratio = 2.0;
+    configs.push_back(m);
+  }
+  // EVA-02's: rotary cat over a reference grid with an offset and half rotation, q_bias / v_bias, packed SwiGLU,
+  // a learned pos_embed beside it (no_embed_class), average pooling.
+  {
+    ModelConfig m = base();
+    m.model_class = ModelClass::eva, m.use_rot_pos_emb = true, m.ref_feat_h = 8, m.ref_feat_w = 6;
+    m.rope_grid_offset = 1.0, m.rope_rotate_half = true, m.swiglu_mlp = true, m.mlp_ratio = 8.0 / 3.0;
+    m.init_values = 0.1, m.no_embed_class = true, m.global_pool = GlobalPool::avg;
+    configs.push_back(m);
+  }
+  // DINOv3's rotary periods, SwiGLU aligned to 16 (fc1_g / fc1_x), norm_pre, class-token pooling.
+  {
+    ModelConfig m = base();
+    m.model_class = ModelClass::eva, m.use_abs_pos_emb = false, m.use_rot_pos_emb = true;
+    m.rope_type = RopeType::dinov3, m.rope_temperature = 100.0, m.swiglu_mlp = true, m.swiglu_align_to = 16;
+    m.pre_norm = true, m.reg_tokens = 4;
     configs.push_back(m);
   }
   torch::manual_seed(0);

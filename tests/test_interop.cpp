@@ -195,7 +195,29 @@ void expect_same_logits(const std::map<std::string, torch::Tensor>& ours, const 
   }
 }
 
-// Token pooling; average pooling without a class token on a rectangle, with LayerScale.
+// Token pooling; average pooling without a class token on a rectangle, with LayerScale; timm's Eva class twice: an
+// EVA-02 (rotary cat over a reference grid, q_bias / v_bias, packed SwiGLU, average pooling with fc_norm) and a
+// RoPE-ViT mixed with what it does not have (q_proj / k_proj / v_proj, split SwiGLU with mlp.norm, attn.norm, gamma_1
+// only, a MAP head with its own heads, no final norm).
+ModelConfig export_timm_config(const std::string& name) {
+  if (name == "token") return test::tiny_vit(32, 8, 3, 4, 48, 2, 3, 2.0);
+  ModelConfig m = test::tiny_vit(24, 8, 3, 4, 32, 2, 2, 4.0);
+  m.img_w = 40, m.init_values = 0.1;
+  if (name == "avg") {
+    m.global_pool = GlobalPool::avg, m.class_token = false;
+  } else if (name == "eva02") {
+    m.model_class = ModelClass::eva, m.use_rot_pos_emb = true, m.ref_feat_h = 4, m.ref_feat_w = 4;
+    m.swiglu_mlp = true, m.mlp_ratio = 8.0 / 3.0, m.global_pool = GlobalPool::avg;
+  } else {
+    m.model_class = ModelClass::eva, m.use_abs_pos_emb = false, m.use_rot_pos_emb = true;
+    m.rope_type = RopeType::mixed, m.rope_grid_indexing = GridIndexing::xy, m.rope_temperature = 10.0;
+    m.attn_type = AttnType::rope, m.qkv_fused = false, m.swiglu_mlp = true, m.scale_mlp = true;
+    m.scale_attn_inner = true, m.attn_only_layer_scale = true, m.reg_tokens = 1, m.global_pool = GlobalPool::map;
+    m.attn_pool_num_heads = 4, m.final_norm = false;
+  }
+  return m;
+}
+
 class ExportTimm : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ExportTimm, LoadsInTimmStrictWithTheSameLogitsAndPreprocessing) {
@@ -203,12 +225,9 @@ TEST_P(ExportTimm, LoadsInTimmStrictWithTheSameLogitsAndPreprocessing) {
   TempDir dir;
   Preprocess p;
   p.crop_pct = 0.875, p.mean = {0.45, 0.5, 0.55}, p.std = {0.2, 0.3, 0.4};
-  ModelConfig token = test::tiny_vit(32, 8, 3, 4, 48, 2, 3, 2.0);
-  ModelConfig avg = test::tiny_vit(24, 8, 3, 4, 32, 2, 2, 4.0);
-  avg.img_w = 40, avg.global_pool = GlobalPool::avg, avg.class_token = false, avg.init_values = 0.1;
   {
-    const std::string tag = GetParam() == "token" ? "0" : "1";
-    const ModelConfig& config = GetParam() == "token" ? token : avg;
+    const std::string tag = GetParam();
+    const ModelConfig config = export_timm_config(GetParam());
     auto model = our_model(config, p, dir / ("m" + tag + ".safetensors"));
     const std::string out = dir / ("timm" + tag), image = dir / ("image" + tag + ".png");
     export_model(model, {ExportFormat::timm, out, false});
@@ -234,7 +253,7 @@ TEST_P(ExportTimm, LoadsInTimmStrictWithTheSameLogitsAndPreprocessing) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Pools, ExportTimm, ::testing::Values("token", "avg"),
+INSTANTIATE_TEST_SUITE_P(Pools, ExportTimm, ::testing::Values("token", "avg", "eva02", "eva_rope_mixed"),
                          [](const auto& info) { return info.param; });
 
 TEST(ExportHf, LoadsInTransformersWithTheSameLogitsAndPreprocessing) {

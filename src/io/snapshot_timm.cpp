@@ -16,7 +16,51 @@ namespace {
 // architecture name's norm_layer; the relative position bias is BEiT's), and the training-time rates, which vit does
 // not write (model_config.h's is_dropout_rate).
 bool timm_lacks(const std::string& field) {
-  return field == "preset" || field == "layer_norm_eps" || field == "rel_pos_bias";
+  return field == "preset" || field == "layer_norm_eps" || field == "rel_pos_bias" || field == "model_class";
+}
+
+// The fields only timm's Eva class has an argument for.
+bool eva_only(const std::string& field) {
+  static const std::set<std::string> fields = {
+      "attn_only_layer_scale", "attn_pool_mlp_ratio", "attn_pool_num_heads", "attn_type",        "qkv_fused",
+      "ref_feat_shape",        "rope_type",           "rope_temperature",    "rope_grid_offset", "rope_grid_indexing",
+      "rope_rotate_half",      "scale_attn_inner",    "scale_mlp",           "swiglu_align_to",  "swiglu_mlp",
+      "use_abs_pos_emb",       "use_rot_pos_emb"};
+  return fields.count(field) > 0;
+}
+
+// A field's key in the model_args of m's timm class ("" where that class has no argument for it). Eva spells two
+// fields otherwise, and places the final norm by use_fc_norm and use_post_transformer_norm (read and written apart).
+std::string timm_key(const ModelConfig& m, const std::string& field) {
+  if (timm_lacks(field)) return "";
+  if (m.model_class == ModelClass::vision_transformer) return eva_only(field) ? "" : field;
+  if (field == "reg_tokens") return "num_reg_tokens";
+  if (field == "pre_norm") return "use_pre_transformer_norm";
+  if (field == "act_layer" || field == "final_norm" || field == "fc_norm") return "";
+  return field;
+}
+
+// Eva's final norm: use_fc_norm (null: exactly with avg pooling) and use_post_transformer_norm (null: without fc_norm)
+// as vit's final_norm and fc_norm. An architecture that turns both off (PE spatial) keeps them off unless model_args
+// say otherwise.
+void apply_eva_norms(const json& args, ModelConfig& m, const std::string& file) {
+  auto flag = [&](const char* key) -> std::optional<bool> {
+    const json& value = args.value(key, json());
+    if (value.is_null()) return std::nullopt;
+    if (!value.is_boolean()) {
+      fail(file, std::string("model_args.") + key + ": " + show(value) + " is not true, false or null");
+    }
+    return value.get<bool>();
+  };
+  const auto fc_arg = flag("use_fc_norm"), post_arg = flag("use_post_transformer_norm");
+  if (!fc_arg && !post_arg) return;
+  const bool fc = fc_arg ? *fc_arg : m.final_norm && m.use_fc_norm();
+  const bool post = post_arg ? *post_arg : (m.final_norm || fc_arg) && !fc;
+  if (fc && post) {
+    fail(file, "model_args: use_fc_norm and use_post_transformer_norm both true (vit has one final norm)");
+  }
+  m.final_norm = fc || post;
+  m.fc_norm = m.final_norm ? std::optional<bool>(fc) : std::nullopt;
 }
 
 // model_args over the model the architecture name gave: every field through the config's readers, then timm's
@@ -27,20 +71,30 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
   // timm takes patch_size as a number or a pair; vit's patches are square.
   const json& patch = args.value("patch_size", json());
   if (patch.is_array() && patch.size() == 2 && patch[0] == patch[1]) fields["patch_size"] = patch[0];
-  auto timm_name = [](const std::string& field) { return timm_lacks(field) ? "" : field; };
+  const ModelConfig as_named = m;  // the architecture name chose the class
+  auto timm_name = [&](const std::string& field) { return timm_key(as_named, field); };
   const std::vector<std::string> others = read_fields(fields, "model_args", file, timm_name, m);
+  const bool eva = m.model_class == ModelClass::eva;
+  if (eva) apply_eva_norms(args, m, file);
   // Options of timm's VisionTransformer that change the architecture, each accepted only at its plain-ViT value.
+  // clang-format off
   const std::map<std::string, json> plain = {
       {"dynamic_img_pad", false},  {"norm_layer", "layernorm"}, {"embed_layer", "PatchEmbed"}, {"block_fn", "Block"},
       {"mlp_layer", "Mlp"},        {"patch_bias", true},        {"ignore_head", false},        {"attn_layer", "attn"},
       {"proj_bias", true},         {"pool_include_prefix", false}, {"pos_embed", "learn"},   {"scale_attn_norm", false},
       {"scale_mlp_norm", false},   {"embed_norm_layer", nullptr},
+      // Eva's: post-norm blocks, grouped-query attention, MRoPE, the rotary grid's training-time augmentations.
+      {"use_post_norm", false},    {"num_kv_heads", nullptr},   {"rope_mrope_section", nullptr},
+      {"rope_shift_coords", nullptr}, {"rope_jitter_coords", nullptr}, {"rope_rescale_coords", nullptr},
   };
+  // clang-format on
+
   // Options that do not change the weights or the inference result. dynamic_img_size: vit runs every size divisible
   // by the patch, resampling the position embedding as timm's dynamic_img_size does.
-  const std::set<std::string> harmless = {"weight_init", "fix_init", "patch_drop_rate",
-                                          "pretrained_cfg_overlay", "dynamic_img_size"};
+  const std::set<std::string> harmless = {
+      "weight_init", "fix_init", "patch_drop_rate", "pretrained_cfg_overlay", "dynamic_img_size", "head_init_scale"};
   for (const auto& key : others) {
+    if (eva && (key == "use_fc_norm" || key == "use_post_transformer_norm")) continue;  // apply_eva_norms
     const json& value = args[key];
     const std::string where = "model_args." + key;
     if (auto it = plain.find(key); it != plain.end()) {
@@ -66,7 +120,8 @@ std::string family_needs(const std::string& arch) {
   if (has("_xp_") || has("18x2") || has("rpn") || has("pwee")) return "parallel or residual-post-norm blocks";
   if (has("dwee") || has("dlittle")) return "differential attention";
   if (has("so400m_patch14") && has("_384")) return "an input size that is not a whole number of patches (384 / 14)";
-  if (has("eva") || has("beit")) return "rotary or relative position embeddings (timm's EVA and BEiT classes)";
+  if (has("beit")) return "relative position embeddings (timm's BEiT class)";
+  if (has("sapiens") || has("7b_patch16_dinov3")) return "RMSNorm or grouped-query attention (timm's Eva options)";
   return "";
 }
 
@@ -157,11 +212,19 @@ std::map<std::string, json> timm_files(const ModelConfig& m, const Preprocess& p
   if (arch.empty()) {
     refuse("layer_norm_eps " + num(m.layer_norm_eps) + " (timm's ViT architectures use 1e-6, CLIP's 1e-5)");
   }
-  json args = write_model_fields(m, [](const std::string& field) {
-    return timm_lacks(field) || is_dropout_rate(field) ? "" : field;
-  });
+  if (m.model_class == ModelClass::eva && m.act_layer != Activation::gelu) {
+    refuse(VIT_MODEL_KEY(act_layer) + " " + name_of(m.act_layer) + " with model_class eva (timm's Eva has GELU MLPs)");
+  }
+  json args =
+      write_model_fields(m, [&](const std::string& field) { return is_dropout_rate(field) ? "" : timm_key(m, field); });
   args["img_size"] = json::array({m.img_h, m.img_w});
-  args["fc_norm"] = m.use_fc_norm();  // timm's own rule gives the same; written out, it says it
+  if (m.model_class == ModelClass::eva) {
+    args["use_fc_norm"] = m.final_norm && m.use_fc_norm();
+    args["use_post_transformer_norm"] = m.final_norm && !m.use_fc_norm();
+    if (m.ref_feat_h == 0) args["ref_feat_shape"] = nullptr;
+  } else {
+    args["fc_norm"] = m.use_fc_norm();  // timm's own rule gives the same; written out, it says it
+  }
   json cfg = {{"tag", "vit"},
               {"custom_load", false},
               {"input_size", json::array({m.in_chans, m.img_h, m.img_w})},
@@ -212,6 +275,7 @@ std::string timm_architecture(const ModelConfig& m) {
   int64_t best_gap = -1;
   for (const auto& arch : kTimmArchitectures) {
     const ModelConfig p = model_preset(arch.name);
+    if (p.model_class != m.model_class) continue;
     if (std::abs(p.layer_norm_eps - m.layer_norm_eps) > 1e-12 * m.layer_norm_eps) continue;
     // timm's create_model drops None arguments, so "no LayerScale" can only come from the name.
     if (!m.init_values && p.init_values) continue;
