@@ -100,6 +100,27 @@ std::vector<Variant> variants() {
   auto no_final = base();
   no_final.final_norm = false;
   list.push_back({"final_norm_false", no_final});
+  // timm's Eva class (model_class eva): rotary embeddings as graph operations with their table as constants.
+  // EVA-02's: rotary cat over a reference grid, interleaved pairs, q_bias / v_bias, packed SwiGLU, gamma_1 / gamma_2.
+  auto eva02 = base();
+  eva02.model_class = ModelClass::eva, eva02.use_rot_pos_emb = true, eva02.ref_feat_h = eva02.ref_feat_w = 6;
+  eva02.swiglu_mlp = true, eva02.mlp_ratio = 8.0 / 3.0, eva02.init_values = 0.1, eva02.global_pool = GlobalPool::avg;
+  list.push_back({"eva02_rope_swiglu", eva02});
+  // RoPE-ViT mixed with EVA-02 CLIP's parts: q_proj / k_proj / v_proj (AttentionRope's k bias), split SwiGLU with
+  // mlp.norm, attn.norm, gamma_1 only, a register, a MAP head of 2 heads over all tokens, no final norm.
+  auto mixed = base();
+  mixed.model_class = ModelClass::eva, mixed.use_abs_pos_emb = false, mixed.use_rot_pos_emb = true;
+  mixed.rope_type = RopeType::mixed, mixed.rope_grid_indexing = GridIndexing::xy, mixed.attn_type = AttnType::rope;
+  mixed.qkv_fused = false, mixed.swiglu_mlp = true, mixed.scale_mlp = true, mixed.scale_attn_inner = true;
+  mixed.init_values = 0.1, mixed.attn_only_layer_scale = true, mixed.reg_tokens = 1;
+  mixed.global_pool = GlobalPool::map, mixed.attn_pool_num_heads = 2, mixed.final_norm = false;
+  list.push_back({"eva_rope_mixed_map", mixed});
+  // DINOv3's: rotary periods over normalised patch centres, halves rotated, 4 registers, no qkv bias.
+  auto dinov3 = base();
+  dinov3.model_class = ModelClass::eva, dinov3.use_abs_pos_emb = false, dinov3.use_rot_pos_emb = true;
+  dinov3.rope_type = RopeType::dinov3, dinov3.rope_temperature = 100.0, dinov3.rope_rotate_half = true;
+  dinov3.reg_tokens = 4, dinov3.qkv_bias = false, dinov3.init_values = 0.1, dinov3.img_w = 24;  // a rectangle
+  list.push_back({"dinov3_rope", dinov3});
   return list;
 }
 
@@ -199,7 +220,9 @@ TEST_P(OnnxParity, LogitsAndAttentionMatchOnnxruntime) {
   if (map_head) {
     EXPECT_EQ(outputs[1 + m.depth]["name"], "pool_attention");
     EXPECT_EQ(outputs[1 + m.depth]["shape"].dump(),
-              nlohmann::json({"batch", m.num_heads, 1, m.grid_h() * m.grid_w()}).dump());
+              nlohmann::json({"batch", m.pool_heads(), 1,
+                              m.grid_h() * m.grid_w() + (m.pool_includes_prefix() ? m.num_prefix_tokens() : 0)})
+                  .dump());
   }
 
   for (const auto& [key, x] : inputs) expect_matches_model(net, x, reference, key, variant.name + " " + key);
@@ -415,6 +438,17 @@ TEST(Onnx, UnrepresentableInputsThrowNamingThem) {
   dynamic.dynamic_size = true;
   error = write(dynamic);
   EXPECT_NE(error.find(path + ": a dynamic input size cannot hold the relative position bias"), std::string::npos)
+      << error;
+  const auto named = variants();
+  const auto rotary_variant =
+      std::find_if(named.begin(), named.end(), [](const Variant& v) { return v.name == "dinov3_rope"; });
+  ASSERT_NE(rotary_variant, named.end());
+  auto rotary = random_model(rotary_variant->model);
+  auto rotary_dynamic = export_input(rotary, false);
+  rotary_dynamic.dynamic_size = true;
+  error = write(rotary_dynamic);
+  EXPECT_NE(error.find(path + ": a dynamic input size cannot hold the rotary embeddings (model.use_rot_pos_emb)"),
+            std::string::npos)
       << error;
 
   auto repeated = export_input(net, false);

@@ -215,10 +215,17 @@ class GraphBuilder {
   std::string weight(const std::string& name, const Weight& weight) {
     return floats(name, weight.shape, weight.data.data(), weight.data.size());
   }
-  // A float scalar constant, shared by every node that uses the same value under the same role.
+  // A float scalar constant, shared by every node that uses the same value under the same role. A role asked for
+  // with another value is the writer's bug (one role, one value), never a silently shared wrong constant.
   std::string scalar(const std::string& role, float value) {
     const std::string name = "const." + role;
-    if (constants_.insert(name).second) floats(name, {}, &value, 1);
+    const auto [it, added] = scalar_values_.emplace(name, value);
+    if (added) {
+      constants_.insert(name);
+      floats(name, {}, &value, 1);
+    } else if (it->second != value) {
+      throw std::logic_error("onnx writer: constant " + name + " asked for with two values");
+    }
     return name;
   }
   // A shape (B, rest...) with B read from the input at run time ("batch_size"), shared by value.
@@ -258,6 +265,7 @@ class GraphBuilder {
   proto::GraphProto* graph_;
   DataFile* data_;
   std::set<std::string> constants_;
+  std::map<std::string, float> scalar_values_;
 };
 
 void attribute(proto::NodeProto* node, const std::string& name, int64_t value) {
@@ -311,11 +319,9 @@ Geometry geometry(const ModelConfig& m, bool dynamic, const std::string& path) {
   if (m.global_pool == GlobalPool::token && !m.class_token) {
     fail(path, VIT_MODEL_KEY(global_pool) + " \"token\" needs class_token true");
   }
-  if (m.model_class == ModelClass::eva) {
-    // Not yet in the graph: rotary embeddings, SwiGLU, Eva's inner norms and parameter names.
-    fail(path, VIT_MODEL_KEY(model_class) +
-                   " \"eva\" (timm's Eva: rotary embeddings, SwiGLU) is not exported to ONNX "
-                   "yet; vit export --format timm writes it for timm");
+  if (dynamic && m.use_rot_pos_emb) {
+    fail(path, "a dynamic input size cannot hold the rotary embeddings (" + VIT_MODEL_KEY(use_rot_pos_emb) +
+                   "): their table is computed per grid; export at a fixed size (--img-size) instead");
   }
   if (dynamic && m.rel_pos_bias) {
     fail(path, "a dynamic input size cannot hold the relative position bias (" + VIT_MODEL_KEY(rel_pos_bias) +
@@ -337,7 +343,7 @@ Geometry geometry(const ModelConfig& m, bool dynamic, const std::string& path) {
   g.D = m.embed_dim;
   g.nh = m.num_heads;
   g.hd = m.head_dim();
-  g.hidden = static_cast<int64_t>(static_cast<double>(m.embed_dim) * m.mlp_ratio);  // as the model's Block
+  g.hidden = m.mlp_hidden();  // as the model's Block
   g.K = m.num_classes;
   return g;
 }
@@ -430,10 +436,13 @@ std::string embed(GraphBuilder& b, Weights& w, const std::string& pixels, const 
   auto* rows = b.node("Transpose", {flat}, "patch_embed");  // (B, L, D), row by row
   attribute(rows, "perm", std::vector<int64_t>{0, 2, 1});
   std::string tokens = "patch_embed";
-  auto pos = b.weight("pos_embed", w.take("pos_embed", {1, g.pos_rows, g.D}));
-  if (g.dynamic) pos = resampled_pos_embed(b, pos, g, m);
+  std::string pos;  // none without use_abs_pos_emb (rotary embeddings only)
+  if (m.use_abs_pos_emb) {
+    pos = b.weight("pos_embed", w.take("pos_embed", {1, g.pos_rows, g.D}));
+    if (g.dynamic) pos = resampled_pos_embed(b, pos, g, m);
+  }
   // no_embed_class: the position embedding covers the patches only, added before the prefix tokens join (DeiT-3).
-  if (m.no_embed_class) tokens = b.op("Add", {tokens, pos}, "patch_embed.pos");
+  if (m.no_embed_class && !pos.empty()) tokens = b.op("Add", {tokens, pos}, "patch_embed.pos");
   if (g.prefix) {
     // Prefix tokens broadcast over the batch: Expand to (B, n, D), B read from the input at run time.
     std::vector<std::string> parts;
@@ -448,23 +457,103 @@ std::string embed(GraphBuilder& b, Weights& w, const std::string& pixels, const 
     attribute(b.node("Concat", parts, "tokens.with_prefix"), "axis", int64_t{1});  // (B, N, D)
     tokens = "tokens.with_prefix";
   }
-  std::string added = m.no_embed_class ? tokens : b.op("Add", {tokens, pos}, "embed");  // (B, N, D)
+  std::string added = m.no_embed_class || pos.empty() ? tokens : b.op("Add", {tokens, pos}, "embed");  // (B, N, D)
   if (m.pre_norm) added = layer_norm(b, w, added, "norm_pre", g.D, m.layer_norm_eps);
   return b.op("Reshape", {added, b.ints({-1, g.D})}, "embed.rows");  // (B*N, D)
 }
 
 struct BlockOptions {
-  bool qkv_bias, layer_scale, rel_pos_bias, qk_norm;
-  Activation act;
-  double eps;
+  bool qkv_bias = true, layer_scale = false, rel_pos_bias = false, qk_norm = false;
+  Activation act = Activation::gelu;
+  double eps = 1e-6;
   std::string probs_output;  // the softmax's tensor name: "attention.{i}" when it is a graph output
+  const ModelConfig* model = nullptr;  // timm's Eva options (model_class eva)
+  std::string rope_sin, rope_cos;  // this block's rotary constants, (Np, hd) or (nh, Np, hd); empty without
 };
+
+// silu(x) = x * sigmoid(x).
+std::string silu(GraphBuilder& b, const std::string& x, const std::string& name) {
+  return b.op("Mul", {x, b.op("Sigmoid", {x}, name + ".sigmoid")}, name);
+}
+
+// The patch tokens of x (B, nh, N, hd) rotated by their positions as model/rope.h's apply_rope: x * cos +
+// rotate(x) * sin, the prefix tokens passed through.
+std::string rotate(GraphBuilder& b, const std::string& x, const std::string& name, const Geometry& g,
+                   const BlockOptions& o) {
+  const int64_t half = g.hd / 2;
+  auto patches = b.op("Slice", {x, b.ints({g.prefix}), b.ints({INT64_MAX}), b.ints({2})}, name + ".patches");
+  const std::string rotated = name + ".rotated";
+  if (o.model->rope_rotate_half) {  // [-x_{hd/2..}, x_{..hd/2}]
+    auto first = b.op("Slice", {patches, b.ints({0}), b.ints({half}), b.ints({3})}, name + ".first");
+    auto second = b.op("Slice", {patches, b.ints({half}), b.ints({g.hd}), b.ints({3})}, name + ".second");
+    attribute(b.node("Concat", {b.op("Neg", {second}, name + ".second_neg"), first}, rotated), "axis", int64_t{3});
+  } else {  // [-x1, x0, -x3, x2, ...]
+    auto pairs = b.op("Reshape", {patches, b.ints({0, 0, 0, half, 2})}, name + ".pairs");
+    auto even = b.op("Slice", {pairs, b.ints({0}), b.ints({1}), b.ints({4})}, name + ".even");
+    auto odd = b.op("Slice", {pairs, b.ints({1}), b.ints({2}), b.ints({4})}, name + ".odd");
+    attribute(b.node("Concat", {b.op("Neg", {odd}, name + ".odd_neg"), even}, name + ".swapped"), "axis", int64_t{4});
+    b.op("Reshape", {name + ".swapped", b.ints({0, 0, 0, g.hd})}, rotated);
+  }
+  auto out = b.op(
+      "Add", {b.op("Mul", {patches, o.rope_cos}, name + ".cos"), b.op("Mul", {rotated, o.rope_sin}, name + ".sin")},
+      name + ".patches_rotated");
+  if (g.prefix == 0) return out;
+  auto prefix = b.op("Slice", {x, b.ints({0}), b.ints({g.prefix}), b.ints({2})}, name + ".prefix");
+  attribute(b.node("Concat", {prefix, out}, name), "axis", int64_t{2});
+  return name;
+}
+
+// The q, k, v projections of h (B*N, D) side by side, (B*N, 3D): one qkv (with its bias, Eva's q_bias / 0 / v_bias,
+// or none), or Eva's q_proj, k_proj, v_proj.
+std::string project_qkv(GraphBuilder& b, Weights& w, const std::string& h, const std::string& p, const Geometry& g,
+                        const BlockOptions& o) {
+  const ModelConfig& m = *o.model;
+  if (!m.qkv_fused) {
+    const bool k_bias = m.qkv_bias && m.attn_type != AttnType::eva;
+    std::vector<std::string> parts{linear(b, w, h, p + "attn.q_proj", g.D, g.D, m.qkv_bias),
+                                   linear(b, w, h, p + "attn.k_proj", g.D, g.D, k_bias),
+                                   linear(b, w, h, p + "attn.v_proj", g.D, g.D, m.qkv_bias)};
+    attribute(b.node("Concat", parts, p + "attn.qkv"), "axis", int64_t{1});
+    return p + "attn.qkv";
+  }
+  if (!m.eva_qkv_bias()) return linear(b, w, h, p + "attn.qkv", g.D, 3 * g.D, o.qkv_bias);
+  const Weight& q_bias = w.take(p + "attn.q_bias", {g.D});
+  const Weight& v_bias = w.take(p + "attn.v_bias", {g.D});
+  std::vector<float> bias(static_cast<size_t>(3 * g.D), 0.0f);
+  std::copy(q_bias.data.begin(), q_bias.data.end(), bias.begin());
+  std::copy(v_bias.data.begin(), v_bias.data.end(), bias.begin() + 2 * g.D);
+  std::vector<std::string> inputs{h, b.weight(p + "attn.qkv.weight", w.take(p + "attn.qkv.weight", {3 * g.D, g.D})),
+                                  b.floats(p + "attn.qkv_bias", {3 * g.D}, bias.data(), bias.size())};
+  attribute(b.node("Gemm", inputs, p + "attn.qkv"), "transB", int64_t{1});
+  return p + "attn.qkv";
+}
+
+// The MLP over (B*N, D) rows: fc1, act, fc2; or SwiGLU (packed fc1 of gate then value rows, or fc1_g and fc1_x);
+// mlp.norm on the hidden activations with scale_mlp.
+std::string mlp(GraphBuilder& b, Weights& w, const std::string& x, const std::string& p, const Geometry& g,
+                const BlockOptions& o) {
+  const ModelConfig& m = *o.model;
+  std::string h;
+  if (!m.swiglu_mlp) {
+    h = activation(b, linear(b, w, x, p + "mlp.fc1", g.D, g.hidden), p + "mlp.act", o.act);
+  } else if (m.swiglu_split()) {
+    auto gate = silu(b, linear(b, w, x, p + "mlp.fc1_g", g.D, g.hidden), p + "mlp.gate");
+    h = b.op("Mul", {gate, linear(b, w, x, p + "mlp.fc1_x", g.D, g.hidden)}, p + "mlp.act");
+  } else {
+    auto both = linear(b, w, x, p + "mlp.fc1", g.D, 2 * g.hidden);
+    auto gate = b.op("Slice", {both, b.ints({0}), b.ints({g.hidden}), b.ints({1})}, p + "mlp.fc1.gate");
+    auto value = b.op("Slice", {both, b.ints({g.hidden}), b.ints({2 * g.hidden}), b.ints({1})}, p + "mlp.fc1.value");
+    h = b.op("Mul", {silu(b, gate, p + "mlp.gate"), value}, p + "mlp.act");
+  }
+  if (m.scale_mlp) h = layer_norm(b, w, h, p + "mlp.norm", g.hidden, o.eps);
+  return linear(b, w, h, p + "mlp.fc2", g.hidden, g.D);
+}
 
 // One transformer block over (B*N, D) rows: x + ls1(attn(norm1(x))), then the same for the MLP.
 std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::string& p, const Geometry& g,
                   const BlockOptions& o) {
   auto h = layer_norm(b, w, x, p + "norm1", g.D, o.eps);
-  auto qkv = linear(b, w, h, p + "attn.qkv", g.D, 3 * g.D, o.qkv_bias);  // (B*N, 3D)
+  const auto qkv = project_qkv(b, w, h, p, g, o);  // (B*N, 3D)
   auto heads = b.op("Reshape", {qkv, b.batch_shape({-1, 3, g.nh, g.hd})}, p + "attn.qkv.heads");  // (B, N, 3, nh, hd)
   attribute(b.node("Transpose", {heads}, p + "attn.qkv.split"), "perm", std::vector<int64_t>{2, 0, 3, 1, 4});
   const std::string split = p + "attn.qkv.split";  // (3, B, nh, N, hd)
@@ -477,6 +566,7 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
     q = layer_norm(b, w, q, p + "attn.q_norm", g.hd, o.eps);
     k = layer_norm(b, w, k, p + "attn.k_norm", g.hd, o.eps);
   }
+  if (!o.rope_sin.empty()) q = rotate(b, q, p + "attn.q_rope", g, o), k = rotate(b, k, p + "attn.k_rope", g, o);
   // As the model's explicit path: scale q, q @ k^T, (+ relative bias), softmax over keys.
   auto q_scaled =
       b.op("Mul", {q, b.scalar("attn.scale", static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.hd))))},
@@ -497,15 +587,20 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
   auto context = b.op("MatMul", {o.probs_output, v}, p + "attn.context");  // (B, nh, N, hd)
   attribute(b.node("Transpose", {context}, p + "attn.merge"), "perm", std::vector<int64_t>{0, 2, 1, 3});
   auto merged = b.op("Reshape", {p + "attn.merge", b.ints({-1, g.D})}, p + "attn.merged");  // (B*N, D)
+  if (o.model->scale_attn_inner) merged = layer_norm(b, w, merged, p + "attn.norm", g.D, o.eps);
   auto a = linear(b, w, merged, p + "attn.proj", g.D, g.D);
-  if (o.layer_scale) a = b.op("Mul", {a, b.weight(p + "ls1.gamma", w.take(p + "ls1.gamma", {g.D}))}, p + "ls1");
+  // LayerScale: ls1.gamma / ls2.gamma, or Eva's gamma_1 / gamma_2 (gamma_2 absent with attn_only_layer_scale).
+  const bool eva = o.model->model_class == ModelClass::eva;
+  auto scale = [&](const std::string& branch, const std::string& vit_name, const std::string& eva_name,
+                   const std::string& output) {
+    const std::string name = p + (eva ? eva_name : vit_name);
+    return b.op("Mul", {branch, b.weight(name, w.take(name, {g.D}))}, p + output);
+  };
+  if (o.layer_scale) a = scale(a, "ls1.gamma", "gamma_1", "ls1");
   auto y = b.op("Add", {x, a}, p + "attn.residual");
 
-  auto m = layer_norm(b, w, y, p + "norm2", g.D, o.eps);
-  m = linear(b, w, m, p + "mlp.fc1", g.D, g.hidden);
-  m = activation(b, m, p + "mlp.act", o.act);
-  m = linear(b, w, m, p + "mlp.fc2", g.hidden, g.D);
-  if (o.layer_scale) m = b.op("Mul", {m, b.weight(p + "ls2.gamma", w.take(p + "ls2.gamma", {g.D}))}, p + "ls2");
+  auto m = mlp(b, w, layer_norm(b, w, y, p + "norm2", g.D, o.eps), p, g, o);
+  if (o.layer_scale && !(eva && o.model->attn_only_layer_scale)) m = scale(m, "ls2.gamma", "gamma_2", "ls2");
   return b.op("Add", {y, m}, p + "output");
 }
 
@@ -514,16 +609,17 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
 std::string attention_pool(GraphBuilder& b, Weights& w, const std::string& patches, const Geometry& g,
                            const ModelConfig& m, const std::string& probs_output) {
   const std::string p = "attn_pool.";
+  const int64_t nh = m.pool_heads(), hd = g.D / nh, hidden = m.pool_hidden();
   auto latent = b.op("Reshape", {b.weight(p + "latent", w.take(p + "latent", {1, 1, g.D})), b.ints({1, g.D})},
                      p + "latent.row");                                      // (1, D)
   auto q = linear(b, w, latent, p + "q", g.D, g.D);                          // (1, D), the same for every image
-  auto q_heads = b.op("Reshape", {q, b.ints({1, g.nh, 1, g.hd})}, p + "q.heads");  // (1, nh, 1, hd)
+  auto q_heads = b.op("Reshape", {q, b.ints({1, nh, 1, hd})}, p + "q.heads");  // (1, nh, 1, hd)
   auto q_scaled =
-      b.op("Mul", {q_heads, b.scalar("attn.scale", static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.hd))))},
+      b.op("Mul", {q_heads, b.scalar("attn_pool.scale", static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))))},
            p + "q.scaled");
   auto rows = b.op("Reshape", {patches, b.ints({-1, g.D})}, p + "x.rows");  // (B*Np, D)
   auto kv = linear(b, w, rows, p + "kv", g.D, 2 * g.D);                     // (B*Np, 2D)
-  auto kv_heads = b.op("Reshape", {kv, b.batch_shape({-1, 2, g.nh, g.hd})}, p + "kv.heads");
+  auto kv_heads = b.op("Reshape", {kv, b.batch_shape({-1, 2, nh, hd})}, p + "kv.heads");
   attribute(b.node("Transpose", {kv_heads}, p + "kv.split"), "perm", std::vector<int64_t>{2, 0, 3, 1, 4});
   auto take = [&](int64_t i, const std::string& name) {
     attribute(b.node("Gather", {p + "kv.split", b.ints({i}, /*scalar_index=*/true)}, p + name), "axis", int64_t{0});
@@ -538,9 +634,9 @@ std::string attention_pool(GraphBuilder& b, Weights& w, const std::string& patch
   auto merged = b.op("Reshape", {p + "merge", b.ints({-1, g.D})}, p + "merged");  // (B, D)
   auto x = linear(b, w, merged, p + "proj", g.D, g.D);
   auto h = layer_norm(b, w, x, p + "norm", g.D, m.layer_norm_eps);
-  h = linear(b, w, h, p + "mlp.fc1", g.D, g.hidden);
+  h = linear(b, w, h, p + "mlp.fc1", g.D, hidden);
   h = activation(b, h, p + "mlp.act", m.act_layer);
-  h = linear(b, w, h, p + "mlp.fc2", g.hidden, g.D);
+  h = linear(b, w, h, p + "mlp.fc2", hidden, g.D);
   return b.op("Add", {x, h}, p + "output");  // (B, D)
 }
 
@@ -556,8 +652,9 @@ std::string head(GraphBuilder& b, Weights& w, const std::string& x, const Geomet
     attribute(b.node("Gather", {tokens, b.ints({0}, /*scalar_index=*/true)}, "pooled"), "axis", int64_t{1});
     pooled = token_norm ? layer_norm(b, w, "pooled", "norm", g.D, m.layer_norm_eps) : "pooled";
   } else {
-    std::string patches =
-        b.op("Slice", {tokens, b.ints({g.prefix}), b.ints({INT64_MAX}), b.ints({1})}, "patch_tokens");
+    // Eva's MAP head attends over every token (ModelConfig::pool_includes_prefix).
+    const int64_t skip = m.global_pool == GlobalPool::map && m.pool_includes_prefix() ? 0 : g.prefix;
+    std::string patches = b.op("Slice", {tokens, b.ints({skip}), b.ints({INT64_MAX}), b.ints({1})}, "patch_tokens");
     if (token_norm) patches = layer_norm(b, w, patches, "norm", g.D, m.layer_norm_eps);  // (B, Np, D)
     if (m.global_pool == GlobalPool::map) {
       pooled = attention_pool(b, w, patches, g, m, pool_probs);
@@ -667,11 +764,38 @@ std::vector<std::string> write_onnx(const ExportInput& input, const std::string&
   attribute(batch, "start", int64_t{0});
   attribute(batch, "end", int64_t{1});
   std::string x = embed(b, w, "pixel_values", g, m);
+  // Rotary embeddings: the model's table at the trained grid (ExportInput's comment), sin and cos as constants.
+  const bool mixed = m.use_rot_pos_emb && m.rope_type == RopeType::mixed;
+  const Weight* rope = nullptr;
+  if (m.use_rot_pos_emb) {
+    if (mixed) w.take("rope.freqs", {2, m.depth, g.nh, g.hd / 2});  // the parameter the table was made from
+    rope = &w.take("rope.table",
+                   mixed ? std::vector<int64_t>{m.depth, g.nh, g.L, 2 * g.hd} : std::vector<int64_t>{g.L, 2 * g.hd});
+  }
   for (int64_t i = 0; i < m.depth; ++i) {
     const std::string prefix = "blocks." + std::to_string(i) + ".";
-    BlockOptions options{m.qkv_bias,    m.init_values.has_value(), m.rel_pos_bias, m.qk_norm, m.act_layer,
-                         m.layer_norm_eps,
-                         input.attention_outputs ? "attention." + std::to_string(i) : prefix + "attn.probs"};
+    BlockOptions options;
+    options.qkv_bias = m.qkv_bias, options.layer_scale = m.init_values.has_value();
+    options.rel_pos_bias = m.rel_pos_bias, options.qk_norm = m.qk_norm, options.act = m.act_layer;
+    options.eps = m.layer_norm_eps, options.model = &m;
+    options.probs_output = input.attention_outputs ? "attention." + std::to_string(i) : prefix + "attn.probs";
+    if (rope != nullptr) {
+      // This block's rows of the table: all of it, or its own (nh, Np, 2 hd) with rope_type mixed.
+      const int64_t rows = (mixed ? g.nh : 1) * g.L;
+      const float* table = rope->data.data() + (mixed ? i * rows * 2 * g.hd : 0);
+      const std::string name = mixed ? prefix + "rope" : std::string("rope");
+      if (mixed || i == 0) {
+        std::vector<float> sin(static_cast<size_t>(rows * g.hd)), cos(sin.size());
+        for (int64_t r = 0; r < rows; ++r) {
+          std::copy(table + r * 2 * g.hd, table + r * 2 * g.hd + g.hd, sin.begin() + r * g.hd);
+          std::copy(table + r * 2 * g.hd + g.hd, table + (r + 1) * 2 * g.hd, cos.begin() + r * g.hd);
+        }
+        const auto shape = mixed ? std::vector<int64_t>{g.nh, g.L, g.hd} : std::vector<int64_t>{g.L, g.hd};
+        b.floats(name + ".sin", shape, sin.data(), sin.size());
+        b.floats(name + ".cos", shape, cos.data(), cos.size());
+      }
+      options.rope_sin = name + ".sin", options.rope_cos = name + ".cos";
+    }
     x = block(b, w, x, prefix, g, options);
   }
   const std::string output_name = g.K > 0 ? "logits" : "features";
@@ -696,9 +820,9 @@ std::vector<std::string> write_onnx(const ExportInput& input, const std::string&
       auto* probs = graph->add_output();
       probs->set_name("pool_attention");
       if (g.dynamic) {
-        set_shape(probs, {g.nh, 1, "patches"});
+        set_shape(probs, {m.pool_heads(), 1, m.pool_includes_prefix() ? "tokens" : "patches"});
       } else {
-        set_shape(probs, {g.nh, 1, g.L});
+        set_shape(probs, {m.pool_heads(), 1, g.L + (m.pool_includes_prefix() ? g.prefix : 0)});
       }
     }
   }

@@ -28,11 +28,12 @@ struct ExportInput {
   ModelConfig model;                                           // the resolved architecture
   // Every parameter and buffer, by (timm) state-dict name; with model.rel_pos_bias also, per block, the bias the
   // model adds at its trained grid, "blocks.{i}.attn.relative_position_bias" (nh, N, N) (the model computes it:
-  // export/export.h's onnx_export_input).
+  // export/export.h's onnx_export_input); with model.use_rot_pos_emb "rope.table", the rotary table at the trained
+  // grid (model/rope.h's RotaryEmbedding::embed).
   std::map<std::string, Weight> weights;
   std::vector<std::pair<std::string, std::string>> metadata;   // -> ModelProto.metadata_props, in order
   bool attention_outputs = false;                              // also output each block's attention probabilities
-  bool dynamic_size = false;   // symbolic height and width; refused for rel_pos_bias (its bias is per grid)
+  bool dynamic_size = false;  // symbolic height and width; refused for rel_pos_bias and rotary embeddings (per grid)
   // The weights in external_data_path(path) beside the graph, as ONNX's external data (offsets 4096-aligned, tensors
   // under 1 KiB stay inline). Chosen unasked when the weights would pass protobuf's 2 GiB limit (ViT-H/14 and up).
   bool external_data = false;
