@@ -790,5 +790,94 @@ TEST(FamilyCli, TrainEvaluateExplainExportAndFinetune) {
       << tuned.output << tuned.errors;
 }
 
+// timm's Eva class downstream, through the CLI: a DINOv3-style model (rotary embeddings only, halves rotated, a
+// register, SwiGLU, gamma_1 / gamma_2) with a MAP head of its own 2 heads trains from a config, evaluates, embeds
+// intermediate blocks, explains (the MAP head's pooling attention over all 18 tokens), exports to ONNX at its size
+// (refused at a dynamic one, naming the rotary table) and fine-tunes from its own file at another size, where the
+// rotary table is made for the new grid.
+TEST(EvaCli, TrainEvaluateEmbedExplainExportAndFinetune) {
+  TempDir dir;
+  test::write_idx_dataset(dir / "data", 512, 128);
+  nlohmann::json model = {{"model_class", "eva"},
+                          {"img_size", 16},
+                          {"patch_size", 4},
+                          {"in_chans", 1},
+                          {"num_classes", 4},
+                          {"embed_dim", 32},
+                          {"depth", 2},
+                          {"num_heads", 4},
+                          {"mlp_ratio", 2.0},
+                          {"reg_tokens", 1},
+                          {"use_abs_pos_emb", false},
+                          {"use_rot_pos_emb", true},
+                          {"rope_type", "dinov3"},
+                          {"rope_temperature", 100.0},
+                          {"rope_rotate_half", true},
+                          {"swiglu_mlp", true},
+                          {"init_values", 0.1},
+                          {"global_pool", "map"},
+                          {"attn_pool_num_heads", 2}};
+  nlohmann::json doc = {
+      {"model", model},
+      {"data", {{"format", "mnist"}, {"root", dir / "data"}, {"mean", {0.5}}, {"std", {0.5}}, {"num_workers", 2}}},
+      {"train",
+       {{"epochs", 6},
+        {"batch_size", 16},
+        {"lr", 2e-3},
+        {"warmup_steps", 5},
+        {"threads", 2},
+        {"seed", 7},
+        {"output_root", dir / "runs"}}}};
+  test::write_bytes(dir / "config.json", doc.dump(2));
+  const auto trained =
+      test::run_vit("train --config " + test::quoted(dir / "config.json") + " --out " + test::quoted(dir / "run"));
+  ASSERT_EQ(trained.status, 0) << trained.errors;
+  EXPECT_NE((trained.output + trained.errors).find("fused CPU block not used with rotary position embeddings"),
+            std::string::npos);
+  const std::string best = dir / "run/best.safetensors";
+  const auto evaluated = test::run_vit("evaluate --checkpoint " + test::quoted(best) + " --config " +
+                                       test::quoted(dir / "config.json") + " --json");
+  ASSERT_EQ(evaluated.status, 0) << evaluated.errors;
+  const auto metrics = nlohmann::json::parse(evaluated.output);
+  std::cout << "eva model: " << metrics.dump() << "\n";
+  EXPECT_GT(metrics["top1"].get<double>(), 80.0);
+
+  const std::string image = test::data_path("tiny32/chelsea.png");
+  const auto embedded =
+      test::run_vit("embed --checkpoint " + test::quoted(best) + " --out " + test::quoted(dir / "embed") +
+                    " --layers 0,-1 --pool none " + test::quoted(image));
+  ASSERT_EQ(embedded.status, 0) << embedded.errors;
+  EXPECT_EQ(read_npy(dir / "embed/block_1.npy").sizes(), (std::vector<int64_t>{1, 18, 32}));  // 1 + 1 + 16 tokens
+
+  const auto explained = test::run_vit("export-attention --checkpoint " + test::quoted(best) + " --out " +
+                                       test::quoted(dir / "maps") + " " + test::quoted(image));
+  ASSERT_EQ(explained.status, 0) << explained.errors;
+  EXPECT_EQ(read_npy(dir / "maps/chelsea/rollout.npy").sizes(), (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(read_npy(dir / "maps/chelsea/attn_1.npy").sizes(), (std::vector<int64_t>{4, 18, 18}));
+  EXPECT_EQ(read_npy(dir / "maps/chelsea/pool_attn.npy").sizes(), (std::vector<int64_t>{2, 18}));  // every token
+
+  if (onnx_export_available()) {
+    const auto onnx = test::run_vit("export --checkpoint " + test::quoted(best) + " --format onnx --out " +
+                                    test::quoted(dir / "model.onnx"));
+    ASSERT_EQ(onnx.status, 0) << onnx.errors;
+    const auto dynamic = test::run_vit("export --checkpoint " + test::quoted(best) +
+                                       " --format onnx --dynamic-size --out " + test::quoted(dir / "dynamic.onnx"));
+    EXPECT_NE(dynamic.status, 0);
+    EXPECT_NE(dynamic.errors.find("cannot hold the rotary embeddings"), std::string::npos) << dynamic.errors;
+  }
+
+  doc["model"]["img_size"] = 24;
+  test::write_bytes(dir / "finetune.json", doc.dump(2));
+  const auto tuned = test::run_vit("train --config " + test::quoted(dir / "finetune.json") + " --out " +
+                                   test::quoted(dir / "tuned") + " --init-from " + test::quoted(best));
+  ASSERT_EQ(tuned.status, 0) << tuned.errors;
+  const auto tuned_metrics =
+      nlohmann::json::parse(test::run_vit("evaluate --checkpoint " + test::quoted(dir / "tuned/best.safetensors") +
+                                          " --config " + test::quoted(dir / "finetune.json") + " --json")
+                                .output);
+  std::cout << "eva model fine-tuned at 24x24: " << tuned_metrics.dump() << "\n";
+  EXPECT_GT(tuned_metrics["top1"].get<double>(), 80.0);
+}
+
 }  // namespace
 }  // namespace vit
