@@ -68,38 +68,28 @@ class Section {
       out = v->get<double>();
     }
   }
-  void read(const std::string& key, std::optional<double>& out) {
+  // null clears the optional; otherwise the value must have the type `is` checks ("a number", ...).
+  template <typename T>
+  void read_optional(const std::string& key, std::optional<T>& out, bool (json::*is)() const noexcept,
+                     const char* what) {
     if (const json* v = take(key)) {
       if (v->is_null()) {
         out.reset();
-      } else if (v->is_number()) {
-        out = v->get<double>();
+      } else if ((v->*is)()) {
+        out = v->get<T>();
       } else {
-        fail(source_, path(key), show(*v) + " is not a number or null");
+        fail(source_, path(key), show(*v) + " is not " + what + " or null");
       }
     }
+  }
+  void read(const std::string& key, std::optional<double>& out) {
+    read_optional(key, out, &json::is_number, "a number");
   }
   void read(const std::string& key, std::optional<int64_t>& out) {
-    if (const json* v = take(key)) {
-      if (v->is_null()) {
-        out.reset();
-      } else if (v->is_number_integer()) {
-        out = v->get<int64_t>();
-      } else {
-        fail(source_, path(key), show(*v) + " is not an integer or null");
-      }
-    }
+    read_optional(key, out, &json::is_number_integer, "an integer");
   }
   void read(const std::string& key, std::optional<bool>& out) {
-    if (const json* v = take(key)) {
-      if (v->is_null()) {
-        out.reset();
-      } else if (v->is_boolean()) {
-        out = v->get<bool>();
-      } else {
-        fail(source_, path(key), show(*v) + " is not true, false or null");
-      }
-    }
+    read_optional(key, out, &json::is_boolean, "true, false");
   }
   void read(const std::string& key, bool& out) {
     if (const json* v = take(key)) {
