@@ -16,6 +16,10 @@
       OUT/ref.safetensors "logits.i" (the dynamic_img_size model on ToTensor + Normalize of the PNG), "attn.i.b"
       (block b's probabilities, (1, nh, N, N)) and "fixed.i" (the logits of the folder created at img_size (H, W)
       without dynamic_img_size: timm's checkpoint filter resamples pos_embed at load).
+  dinov3-hf OUT --args JSON --sizes HxW[,HxW...] --ref FILE
+      transformers' DINOv3ViTModel(DINOv3ViTConfig(**ARGS)), every weight perturbed, saved with save_pretrained to OUT
+      and read back with eager attention. For each size i, --ref holds "pixels.i" (2 random images), "logits.i" (the
+      pooler output: the class token after the final norm) and "attn.i.b" (block b's attention probabilities).
   shapes NAMES_FILE --out FILE
       For each architecture name (one per line), timm's model at depth 1 on the meta device: its state-dict shapes,
       LayerNorm epsilon, MLP activation, input size and prefix-token count, as JSON.
@@ -123,6 +127,27 @@ def dynamic(a):
     save_file(out, os.path.join(a.out, "ref.safetensors"))
 
 
+def dinov3_hf(a):
+    from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+    model = DINOv3ViTModel(DINOv3ViTConfig(**json.loads(a.args))).eval()
+    randomise(model, 13)
+    model.save_pretrained(a.out)
+    model = DINOv3ViTModel.from_pretrained(a.out, attn_implementation="eager").eval()
+    out = {}
+    gen = torch.Generator().manual_seed(5)
+    for i, size in enumerate(a.sizes.split(",")):
+        h, w = (int(v) for v in size.split("x"))
+        pixels = torch.randn(2, model.config.num_channels, h, w, generator=gen)
+        with torch.no_grad():
+            result = model(pixel_values=pixels, output_attentions=True)
+        out[f"pixels.{i}"] = pixels.contiguous()
+        out[f"logits.{i}"] = result.pooler_output.contiguous()
+        for b, probs in enumerate(result.attentions):
+            out[f"attn.{i}.{b}"] = probs.contiguous()
+    save_file(out, a.ref)
+
+
 def shapes(a):
     import timm
 
@@ -167,6 +192,12 @@ def main():
     p.add_argument("--args", default="{}")
     p.add_argument("--sizes", required=True)
     p.set_defaults(run=dynamic)
+    p = sub.add_parser("dinov3-hf")
+    p.add_argument("out")
+    p.add_argument("--args", default="{}")
+    p.add_argument("--sizes", required=True)
+    p.add_argument("--ref", required=True)
+    p.set_defaults(run=dinov3_hf)
     p = sub.add_parser("shapes")
     p.add_argument("names")
     p.add_argument("--out", required=True)

@@ -175,6 +175,64 @@ INSTANTIATE_TEST_SUITE_P(
                    "32x32,48x64,64x64"}),
     [](const auto& info) { return info.param.name; });
 
+// DINOv3 in transformers' own layout (DINOv3ViTModel.save_pretrained): a random two-block model, every weight
+// perturbed, loads with no config as timm's Eva and gives transformers' pooler output within 1e-4 and every block's
+// attention within 1e-5, at its size and two others (one rectangular): DINOv3's query and value biases with a GELU
+// MLP, and all three biases with the gated (SwiGLU) MLP.
+struct Dinov3Case {
+  std::string name, args, sizes;
+};
+void PrintTo(const Dinov3Case& c, std::ostream* os) { *os << c.name; }
+class HfDinov3 : public ::testing::TestWithParam<Dinov3Case> {};
+
+TEST_P(HfDinov3, LoadsWithNoConfigAndMatchesTransformers) {
+  SKIP_WITHOUT_PYTHON("transformers", "safetensors");
+  const auto& c = GetParam();
+  TempDir dir;
+  const std::string snap = dir / "snapshot", ref = dir / "ref.safetensors";
+  run_python("reference_family.py", "dinov3-hf " + test::quoted(snap) + " --args " + test::quoted(c.args) +
+                                        " --sizes " + c.sizes + " --ref " + test::quoted(ref));
+  auto model = load_model(snap);
+  model.net->eval();
+  EXPECT_EQ(model.config().model_class, ModelClass::eva);
+  const auto expected = safetensors::read(ref);
+  torch::NoGradGuard no_grad;
+  for (int i = 0;; ++i) {
+    const std::string at = std::to_string(i);
+    if (expected.find("pixels." + at) == nullptr) break;
+    const auto pixels = expected.tensor("pixels." + at);
+    Capture capture;
+    capture.attention = true;
+    const auto features = model.net->forward_head(model.net->forward_features(pixels, {}, &capture), false, &capture);
+    const double feature_diff = max_abs_diff(model.net->forward(pixels), expected.tensor("logits." + at));
+    const double explicit_diff = max_abs_diff(features, expected.tensor("logits." + at));
+    double attention_diff = 0;
+    for (size_t b = 0; b < capture.attention_probs.size(); ++b) {
+      attention_diff = std::max(attention_diff, max_abs_diff(capture.attention_probs[b],
+                                                             expected.tensor("attn." + at + "." + std::to_string(b))));
+    }
+    std::cout << "hf " << c.name << " at " << pixels.size(2) << "x" << pixels.size(3) << ": max |d| features "
+              << feature_diff << " (explicit attention " << explicit_diff << "), attention " << attention_diff << "\n";
+    EXPECT_LE(feature_diff, kLogitTolerance);
+    EXPECT_LE(explicit_diff, kLogitTolerance);
+    EXPECT_LE(attention_diff, kAttentionTolerance);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, HfDinov3,
+    ::testing::Values(
+        Dinov3Case{"dinov3_mlp",
+                   R"({"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "num_register_tokens": 4, "image_size": 32})",
+                   "32x32,48x64,80x80"},
+        Dinov3Case{"dinov3_gated_key_bias",
+                   R"({"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "num_register_tokens": 2, "image_size": 32, "use_gated_mlp": true, "hidden_act": "silu",
+                       "key_bias": true, "layer_norm_eps": 1e-6, "rope_theta": 50.0})",
+                   "32x32,64x48,48x48"}),
+    [](const auto& info) { return info.param.name; });
+
 TEST(TimmPresets, EveryPresetHasTimmsShapesNormsActivationAndSize) {
   SKIP_WITHOUT_PYTHON("timm");
   TempDir dir;

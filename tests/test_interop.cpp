@@ -466,6 +466,23 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
   EXPECT_EQ(deit.preprocess.crop_pct, 0.875);
   EXPECT_NE(refusal("gelu", R"({"model_type": "vit", "hidden_act": "gelu_new"})").find("hidden_act \"gelu_new\""),
             std::string::npos);
+  // timm's Eva class: what it lacks by name; DINOv3 in transformers' layout: the biases and MLPs it can hold.
+  EXPECT_NE(refusal("sapiens", R"({"architecture": "vit_base_patch16_sapiens2"})").find("RMSNorm or grouped-query"),
+            std::string::npos);
+  EXPECT_NE(refusal("kv_heads", R"({"architecture": "vit_small_patch16_rope_224", "model_args": {"num_kv_heads": 2}})")
+                .find("model_args.num_kv_heads = 2 is not supported"),
+            std::string::npos);
+  EXPECT_NE(refusal("dinov3_bias", R"({"model_type": "dinov3_vit", "query_bias": false})")
+                .find("query_bias false, key_bias false, value_bias true is not supported"),
+            std::string::npos);
+  EXPECT_NE(refusal("dinov3_act", R"({"model_type": "dinov3_vit", "use_gated_mlp": true})")
+                .find("hidden_act \"gelu\" is not supported with use_gated_mlp true"),
+            std::string::npos);
+  const auto dinov3 = read_snapshot((refusal("dinov3", R"({"model_type": "dinov3_vit", "image_size": 64})"), dir / "dinov3"));
+  EXPECT_EQ(dinov3.model.model_class, ModelClass::eva);
+  EXPECT_EQ(dinov3.model.rope_type, RopeType::dinov3);
+  EXPECT_EQ(dinov3.preprocess.mean, (std::vector<double>{0.485, 0.456, 0.406}));  // DINOv3ViTImageProcessor's
+  EXPECT_NE(dinov3.sources[0].second.find("pos_embed_rescale"), std::string::npos) << dinov3.sources[0].second;
   EXPECT_NE(refusal("empty", R"({"foo": 1})").find("neither a timm config"), std::string::npos);
   EXPECT_NE(error_of([&] { load_model(dir.path()); }).find("without config.json"), std::string::npos);
 }
@@ -597,13 +614,14 @@ TEST(SnapshotNames, EveryTimmTensorHasOneHfNameAndBack) {
       hf.push_back(hf_name(name)), ours_of[hf_name(name)] = name;
     }
   }
-  const auto back = snapshot_names(SnapshotKind::hf, hf, "x");
+  const auto back = snapshot_names(SnapshotKind::hf, ModelConfig{}, hf, "x");
   EXPECT_EQ(back.size(), state_tensors(net).size());
   for (const auto& [ours, theirs] : back) {
     for (const auto& name : theirs) EXPECT_EQ(ours_of.at(name), ours);
   }
-  EXPECT_NE(error_of([&] { snapshot_names(SnapshotKind::hf, {"vit.encoder.layer.0.crossattention.w"}, "f"); })
-                .find("f: tensors that a Hugging Face ViT does not have: vit.encoder.layer.0.crossattention.w"),
+  EXPECT_NE(error_of([&] {
+              snapshot_names(SnapshotKind::hf, ModelConfig{}, {"vit.encoder.layer.0.crossattention.w"}, "f");
+            }).find("f: tensors that a Hugging Face ViT does not have: vit.encoder.layer.0.crossattention.w"),
             std::string::npos);
 }
 

@@ -207,7 +207,7 @@ struct SnapshotWeights {
     }
     std::vector<std::string> names;
     for (const auto& [name, file] : where) names.push_back(name);
-    for (const auto& [ours, theirs] : snapshot_names(snapshot.kind, names, path)) {
+    for (const auto& [ours, theirs] : snapshot_names(snapshot.kind, snapshot.model, names, path)) {
       for (const auto& name : theirs) parts[ours].emplace_back(where.at(name), where.at(name)->find(name));
     }
   }

@@ -50,9 +50,10 @@ Snapshot read_snapshot(const std::string& dir);
 void refuse_pickle(const std::string& path);
 
 // The snapshot's tensors by our (timm) names: our name -> the file's name, or HF's query, key and value (in that
-// order) for a fused qkv. HF's pooler and mask token, which classification never reads, are left out; any other
-// tensor that maps to nothing throws, listing them.
-std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind,
+// order) for a fused qkv. `model` is the snapshot's (an Eva one from Hugging Face is DINOv3ViTModel's layout). HF's
+// pooler and mask token, which inference never reads, are left out; any other tensor that maps to nothing throws,
+// listing them.
+std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind, const ModelConfig& model,
                                                                const std::vector<std::string>& theirs,
                                                                const std::string& path);
 

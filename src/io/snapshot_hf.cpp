@@ -12,27 +12,36 @@
 
 namespace vit {
 namespace snapshot_detail {
-namespace {
 
 // A Hugging Face image processor (preprocessor_config.json; an empty object: ViTImageProcessor's defaults) as our
 // preprocessing. ViTImageProcessor resizes straight to the model size (crop_pct 1, squash). BitImageProcessor and
 // CLIPImageProcessor (their Pil / Fast backends too) resize the shortest edge to size.shortest_edge keeping the
 // ratio, or both sides to size.{height, width}, then centre-crop to crop_size with the floor offset: timm's
-// eval transform with crop_pct = crop / resized, crop_offset floor. Anything else fails naming the key.
+// eval transform with crop_pct = crop / resized, crop_offset floor. DINOv3ViTImageProcessor resizes straight as
+// ViTImageProcessor does, with ImageNet's mean and std (it rescales before resizing, in float: within one 8-bit
+// level of PIL's). Anything else fails naming the key.
 Preprocess read_hf_processor(const json& pre, const std::string& pre_file, const ModelConfig& m) {
   const auto type_name = get_or<std::string>(pre, "image_processor_type", "ViTImageProcessor", pre_file);
   auto is = [&](const std::string& base) {
     return type_name == base || type_name == base + "Pil" || type_name == base + "Fast";
   };
-  const bool vit_type = is("ViTImageProcessor");
+  const bool dinov3_type = is("DINOv3ViTImageProcessor");
+  const bool vit_type = is("ViTImageProcessor") || dinov3_type;
   const bool cropping_type = is("BitImageProcessor") || is("CLIPImageProcessor");
   if (!vit_type && !cropping_type) {
     fail(pre_file, "image_processor_type \"" + type_name +
-                       "\" is not supported (vit reads ViTImageProcessor, BitImageProcessor and CLIPImageProcessor)");
+                       "\" is not supported (vit reads ViTImageProcessor, BitImageProcessor, CLIPImageProcessor and "
+                       "DINOv3ViTImageProcessor)");
+  }
+  if (dinov3_type && get_or<bool>(pre, "do_center_crop", false, pre_file)) {
+    fail(pre_file, "do_center_crop true is not supported for DINOv3ViTImageProcessor (vit resizes straight to size)");
   }
   const std::string model_size = size_text(m.img_h, m.img_w);
   Preprocess p;
-  if (vit_type) {  // its class defaults
+  if (dinov3_type) {  // its class defaults
+    p.mean = {0.485, 0.456, 0.406}, p.std = {0.229, 0.224, 0.225};
+    p.interpolation = Interpolation::bilinear;
+  } else if (vit_type) {
     p.mean = {0.5, 0.5, 0.5}, p.std = {0.5, 0.5, 0.5};
     p.interpolation = Interpolation::bilinear;
   } else {  // BiT's and CLIP's: OpenAI CLIP's mean and std, bicubic
@@ -110,6 +119,8 @@ Preprocess read_hf_processor(const json& pre, const std::string& pre_file, const
   return p;
 }
 
+namespace {
+
 // Hugging Face's ViTConfig keys for the model fields it spells as a field. It holds three more in its own form
 // (mlp_ratio as intermediate_size, act_layer as hidden_act, num_classes as id2label); the dropout rates are training's.
 std::string hf_key(const std::string& field) {
@@ -159,9 +170,10 @@ std::vector<std::string> hf_cannot_hold(ModelConfig m) {
 void read_hf(const json& config, Snapshot& s) {
   const std::string file = s.dir + "/config.json";
   const std::string type = get_or<std::string>(config, "model_type", "", file);
+  if (type == "dinov3_vit") return read_hf_dinov3(config, s);
   if (type != "vit") {
     std::string why = type == "deit" ? ": DeiT's distillation token is not supported"
-                                     : ": vit reads Hugging Face's ViT (model_type \"vit\")";
+                                     : ": vit reads Hugging Face's ViT and DINOv3 (model_type \"vit\", \"dinov3_vit\")";
     fail(file, "model_type \"" + type + "\" is not supported" + why);
   }
   const json archs = config.value("architectures", json::array());
@@ -350,7 +362,7 @@ std::vector<std::string> hf_qkv_names(const std::string& ours) {
   return out;
 }
 
-std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind,
+std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind, const ModelConfig& model,
                                                                const std::vector<std::string>& theirs,
                                                                const std::string& path) {
   using snapshot_detail::fail;
@@ -359,6 +371,8 @@ std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind
     for (const auto& name : theirs) out[name] = {name};
     return out;
   }
+  // Hugging Face's layouts: DINOv3ViTModel's (read as timm's Eva), else ViT's.
+  if (model.model_class == ModelClass::eva) return snapshot_detail::dinov3_names(model, theirs, path);
   std::vector<std::string> unknown;
   std::map<std::string, std::array<std::string, 3>> qkv;
   for (const auto& full : theirs) {

@@ -49,7 +49,14 @@ std::vector<double> numbers(const json& value, const std::string& file, const st
 
 // Each format's reader: from its config.json (already read) into s.model, s.preprocess, s.class_names, s.sources.
 void read_timm(const json& config, Snapshot& s);
-void read_hf(const json& config, Snapshot& s);
+void read_hf(const json& config, Snapshot& s);         // model_type "vit", or "dinov3_vit" through read_hf_dinov3
+void read_hf_dinov3(const json& config, Snapshot& s);  // snapshot_hf_dinov3.cpp
+// A Hugging Face image processor's preprocessor_config.json as our preprocessing, for model m (snapshot_hf.cpp).
+Preprocess read_hf_processor(const json& pre, const std::string& pre_file, const ModelConfig& m);
+// Our tensor names for a DINOv3ViTModel's (transformers' layout), for model m; an unknown tensor fails listing it.
+std::map<std::string, std::vector<std::string>> dinov3_names(const ModelConfig& m,
+                                                             const std::vector<std::string>& theirs,
+                                                             const std::string& path);
 // Each format's JSON files for snapshot_files (which checks what both lack first).
 std::map<std::string, json> timm_files(const ModelConfig& m, const Preprocess& p,
                                        const std::vector<std::string>& class_names);
