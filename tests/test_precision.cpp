@@ -142,6 +142,16 @@ TEST(Precision, ModelsOfTheFamilyStayCloseToFloat32) {
       {"MAP head, gelu_tanh",
        [](ModelConfig& c) { c.global_pool = GlobalPool::map, c.act_layer = Activation::gelu_tanh; }},
       {"relative position bias, pre_norm", [](ModelConfig& c) { c.rel_pos_bias = true, c.pre_norm = true; }},
+      {"Eva: rotary cat, q_bias / v_bias, SwiGLU packed",
+       [](ModelConfig& c) {
+         c.model_class = ModelClass::eva, c.use_rot_pos_emb = true, c.swiglu_mlp = true, c.init_values = 0.1;
+       }},
+      {"Eva: DINOv3 rotary, q/k/v_proj, SwiGLU split, MAP",
+       [](ModelConfig& c) {
+         c.model_class = ModelClass::eva, c.use_abs_pos_emb = false, c.use_rot_pos_emb = true;
+         c.rope_type = RopeType::dinov3, c.rope_rotate_half = true, c.qkv_fused = false, c.swiglu_mlp = true;
+         c.scale_mlp = true, c.scale_attn_inner = true, c.global_pool = GlobalPool::map;
+       }},
   };
   const bool bf16 = precision_refusal(Precision::bf16, torch::kCPU).empty();
   for (const auto& precision_case : cases) {

@@ -470,10 +470,9 @@ void VisionTransformerImpl::reset_parameters() {
       layer_norm->bias.zero_();
     } else if (auto* attention = module->as<Attention>()) {
       if (attention->relative_position_bias_table.defined()) attention->relative_position_bias_table.zero_();
+      if (attention->q_bias.defined()) attention->q_bias.zero_(), attention->v_bias.zero_();
     } else if (auto* scale = module->as<LayerScale>()) {
       scale->gamma.fill_(*config_.init_values);
-    } else if (auto* attention = module->as<Attention>()) {
-      if (attention->q_bias.defined()) attention->q_bias.zero_(), attention->v_bias.zero_();
     }
   }
   if (!eva) return;
