@@ -148,7 +148,10 @@ onnx::ExportInput onnx_export_input(VisionTransformer& net, bool attention_outpu
     input.weights[name] = std::move(w);
   };
   for (auto& [name, tensor] : state_tensors(net)) add(name, tensor);
-  if (input.model.use_rot_pos_emb) add("rope.table", net->rope->embed({input.model.grid_h(), input.model.grid_w()}));
+  if (input.model.use_rot_pos_emb) {
+    add("rope.table", net->rope->embed({input.model.grid_h(), input.model.grid_w()}));
+    if (const auto frequencies = net->rope->frequencies(); frequencies.defined()) add("rope.frequencies", frequencies);
+  }
   if (input.model.rel_pos_bias) {
     const std::array<int64_t, 2> grid{input.model.grid_h(), input.model.grid_w()};
     for (size_t i = 0; i < net->blocks->size(); ++i) {

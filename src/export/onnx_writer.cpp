@@ -319,10 +319,6 @@ Geometry geometry(const ModelConfig& m, bool dynamic, const std::string& path) {
   if (m.global_pool == GlobalPool::token && !m.class_token) {
     fail(path, VIT_MODEL_KEY(global_pool) + " \"token\" needs class_token true");
   }
-  if (dynamic && m.use_rot_pos_emb) {
-    fail(path, "a dynamic input size cannot hold the rotary embeddings (" + VIT_MODEL_KEY(use_rot_pos_emb) +
-                   "): their table is computed per grid; export at a fixed size (--img-size) instead");
-  }
   if (dynamic && m.rel_pos_bias) {
     fail(path, "a dynamic input size cannot hold the relative position bias (" + VIT_MODEL_KEY(rel_pos_bias) +
                    "): its table is gathered per grid; export at a fixed size (--img-size) instead");
@@ -501,6 +497,111 @@ std::string rotate(GraphBuilder& b, const std::string& x, const std::string& nam
   auto prefix = b.op("Slice", {x, b.ints({0}), b.ints({g.prefix}), b.ints({2})}, name + ".prefix");
   attribute(b.node("Concat", {prefix, out}, name), "axis", int64_t{2});
   return name;
+}
+
+// --dynamic-size with rotary embeddings: the per-patch coordinates (Np) of the rotary grid's two channels for the
+// input's grid, computed in the graph as model/rope.h's embed computes them (patch indices, + rope_grid_offset,
+// scaled to ref_feat_shape; or DINOv3's normalised patch centres), row by row.
+std::array<std::string, 2> rotary_coordinates(GraphBuilder& b, const ModelConfig& m) {
+  auto* grid = b.node("Shape", {"patch_embed.proj"}, "rope.grid");  // [gh, gw] of this input
+  attribute(grid, "start", int64_t{2});
+  attribute(grid, "end", int64_t{4});
+  // One axis's values for `size` positions (scalar int64): its channel's rule, `ref` its ref_feat_shape side.
+  auto axis_values = [&](int64_t axis, int64_t ref, const std::string& name) {
+    attribute(b.node("Gather", {"rope.grid", b.ints({axis}, /*scalar_index=*/true)}, name + ".size"), "axis",
+              int64_t{0});
+    attribute(b.node("Cast", {name + ".size"}, name + ".size_f"), "to", int64_t{proto::TensorProto::FLOAT});
+    const std::string size_f = name + ".size_f";
+    std::string t;
+    if (m.rope_type == RopeType::dinov3) {  // (arange(0.5, s) + offset) / s, then to [-1, 1]
+      t = b.op("Range", {b.scalar("rope.half", 0.5f), size_f, b.scalar("rope.one", 1.0f)}, name + ".range");
+      if (m.rope_grid_offset != 0.0) {
+        t = b.op("Add", {t, b.scalar("rope.offset", static_cast<float>(m.rope_grid_offset))}, name + ".offset");
+      }
+      t = b.op("Div", {t, size_f}, name + ".unit");
+      t = b.op("Sub", {b.op("Mul", {t, b.scalar("rope.two", 2.0f)}, name + ".twice"), b.scalar("rope.one", 1.0f)},
+               name);
+      return t;
+    }
+    // Patch indices (+ offset; mixed has none), rescaled to the reference grid when there is one.
+    b.node("Range", {b.ints({0}, /*scalar_index=*/true), name + ".size", b.ints({1}, /*scalar_index=*/true)},
+           name + ".index");
+    attribute(b.node("Cast", {name + ".index"}, name + ".index_f"), "to", int64_t{proto::TensorProto::FLOAT});
+    t = name + ".index_f";
+    if (m.rope_type == RopeType::cat && m.rope_grid_offset != 0.0) {
+      t = b.op("Add", {t, b.scalar("rope.offset", static_cast<float>(m.rope_grid_offset))}, name + ".offset");
+    }
+    if (m.rope_type == RopeType::cat && ref > 0) {
+      t = b.op("Mul",
+               {b.op("Div", {t, size_f}, name + ".unit"),
+                b.scalar("rope.ref." + std::to_string(ref), static_cast<float>(ref))},
+               name + ".ref");
+    }
+    return b.op("Identity", {t}, name);
+  };
+  // The rows' values (with ref_feat_shape's height) and the columns' (its width); ij makes channel 0 the row's,
+  // xy the column's.
+  const bool ij = m.rope_grid_indexing == GridIndexing::ij;
+  const auto rows = axis_values(0, m.ref_feat_h, "rope.rows");
+  const auto cols = axis_values(1, m.ref_feat_w, "rope.cols");
+  auto spread = [&](const std::string& values, int64_t axis, const std::string& name) {  // -> (Np), row by row
+    auto grid2d =
+        b.op("Expand", {b.op("Unsqueeze", {values, b.ints({axis})}, name + ".axis"), "rope.grid"}, name + ".grid");
+    return b.op("Reshape", {grid2d, b.ints({-1})}, name);
+  };
+  const auto row_of = spread(rows, 1, "rope.row_of"), col_of = spread(cols, 0, "rope.col_of");
+  return ij ? std::array<std::string, 2>{row_of, col_of} : std::array<std::string, 2>{col_of, row_of};
+}
+
+// The rotary sin and cos for the input's grid from its coordinates: cat's and dinov3's (Np, hd) from the model's
+// frequencies, or with rope_type mixed block i's (nh, Np, hd) from rope.freqs. Returns their names.
+std::array<std::string, 2> rotary_tables(GraphBuilder& b, Weights& w, const std::array<std::string, 2>& coords,
+                                         const Geometry& g, const ModelConfig& m, int64_t block,
+                                         const std::string& name) {
+  const int64_t half = g.hd / 2;
+  std::string angles;  // (Np, hd/2) or (nh, Np, hd/2)
+  if (m.rope_type == RopeType::mixed) {
+    // t_x * freqs[0][block] + t_y * freqs[1][block], each (nh, 1, hd/2) from the parameter.
+    const Weight& freqs = w.take("rope.freqs", {2, m.depth, g.nh, half});
+    std::string terms[2];
+    for (int64_t c = 0; c < 2; ++c) {
+      const float* f = freqs.data.data() + (c * m.depth + block) * g.nh * half;
+      const auto axis = std::string(c == 0 ? ".fx" : ".fy");
+      auto t = b.op("Unsqueeze", {coords[c], b.ints({0, 2})}, name + axis + ".t");  // (1, Np, 1)
+      terms[c] = b.op("Mul", {t, b.floats(name + axis, {g.nh, 1, half}, f, static_cast<size_t>(g.nh * half))},
+                      name + axis + ".angles");
+    }
+    angles = b.op("Add", {terms[0], terms[1]}, name + ".angles");
+  } else {
+    const std::string frequencies = b.weight("rope.frequencies", w.take("rope.frequencies", {g.hd / 4}));
+    std::vector<std::string> parts;
+    for (int64_t c = 0; c < 2; ++c) {
+      const std::string axis = name + (c == 0 ? ".a0" : ".a1");
+      auto t = b.op("Unsqueeze", {coords[c], b.ints({1})}, axis + ".t");  // (Np, 1)
+      if (m.rope_type == RopeType::cat) {
+        parts.push_back(b.op("Mul", {t, frequencies}, axis));  // index * band
+      } else {
+        // 2 pi * coordinate / period
+        auto scaled = b.op("Mul", {t, b.scalar("rope.two_pi", static_cast<float>(2.0 * M_PI))}, axis + ".scaled");
+        parts.push_back(b.op("Div", {scaled, frequencies}, axis));
+      }
+    }
+    attribute(b.node("Concat", parts, name + ".angles"), "axis", int64_t{-1});
+    angles = name + ".angles";
+  }
+  // The layout apply_rope reads: [f0, f1, .., f0, f1, ..] with rope_rotate_half, else [f0, f0, f1, f1, ..].
+  auto layout = [&](const std::string& values, const std::string& out) {
+    if (m.rope_rotate_half) {
+      attribute(b.node("Concat", {values, values}, out), "axis", int64_t{-1});
+      return out;
+    }
+    auto column = b.op("Unsqueeze", {values, b.ints({-1})}, out + ".column");
+    attribute(b.node("Concat", {column, column}, out + ".pairs"), "axis", int64_t{-1});
+    return b.op("Reshape", {out + ".pairs", m.rope_type == RopeType::mixed ? b.ints({0, 0, g.hd}) : b.ints({0, g.hd})},
+                out);
+  };
+  return {layout(b.op("Sin", {angles}, name + ".sin_half"), name + ".sin"),
+          layout(b.op("Cos", {angles}, name + ".cos_half"), name + ".cos")};
 }
 
 // The q, k, v projections of h (B*N, D) side by side, (B*N, 3D): one qkv (with its bias, Eva's q_bias / 0 / v_bias,
@@ -764,13 +865,17 @@ std::vector<std::string> write_onnx(const ExportInput& input, const std::string&
   attribute(batch, "start", int64_t{0});
   attribute(batch, "end", int64_t{1});
   std::string x = embed(b, w, "pixel_values", g, m);
-  // Rotary embeddings: the model's table at the trained grid (ExportInput's comment), sin and cos as constants.
+  // Rotary embeddings: at a fixed size the model's table at the trained grid (ExportInput's comment), sin and cos as
+  // constants; at a dynamic size computed in the graph for the input's grid from the same frequencies.
   const bool mixed = m.use_rot_pos_emb && m.rope_type == RopeType::mixed;
   const Weight* rope = nullptr;
+  std::array<std::string, 2> coords;
   if (m.use_rot_pos_emb) {
     if (mixed) w.take("rope.freqs", {2, m.depth, g.nh, g.hd / 2});  // the parameter the table was made from
+    if (!mixed) w.take("rope.frequencies", {g.hd / 4});
     rope = &w.take("rope.table",
                    mixed ? std::vector<int64_t>{m.depth, g.nh, g.L, 2 * g.hd} : std::vector<int64_t>{g.L, 2 * g.hd});
+    if (g.dynamic) coords = rotary_coordinates(b, m);
   }
   for (int64_t i = 0; i < m.depth; ++i) {
     const std::string prefix = "blocks." + std::to_string(i) + ".";
@@ -779,7 +884,14 @@ std::vector<std::string> write_onnx(const ExportInput& input, const std::string&
     options.rel_pos_bias = m.rel_pos_bias, options.qk_norm = m.qk_norm, options.act = m.act_layer;
     options.eps = m.layer_norm_eps, options.model = &m;
     options.probs_output = input.attention_outputs ? "attention." + std::to_string(i) : prefix + "attn.probs";
-    if (rope != nullptr) {
+    if (rope != nullptr && g.dynamic) {
+      if (mixed || i == 0) {
+        const auto tables = rotary_tables(b, w, coords, g, m, i, mixed ? prefix + "rope" : std::string("rope"));
+        options.rope_sin = tables[0], options.rope_cos = tables[1];
+      } else {
+        options.rope_sin = "rope.sin", options.rope_cos = "rope.cos";
+      }
+    } else if (rope != nullptr) {
       // This block's rows of the table: all of it, or its own (nh, Np, 2 hd) with rope_type mixed.
       const int64_t rows = (mixed ? g.nh : 1) * g.L;
       const float* table = rope->data.data() + (mixed ? i * rows * 2 * g.hd : 0);

@@ -53,8 +53,18 @@ void RotaryEmbeddingImpl::reset_parameters() {
   freqs.copy_(torch::stack({fx, fy}, 0));
 }
 
-torch::Tensor RotaryEmbeddingImpl::embed(std::array<int64_t, 2> grid) const {
+torch::Tensor RotaryEmbeddingImpl::frequencies() const {
   const int64_t bands = head_dim / 4;
+  if (type == RopeType::cat) {
+    return torch::pow(temperature, torch::arange(0, bands, torch::kInt64).to(torch::kFloat32) / bands).reciprocal();
+  }
+  if (type == RopeType::dinov3) {
+    return torch::pow(temperature, 2.0 * torch::arange(bands, torch::kFloat32) / (head_dim / 2));
+  }
+  return {};
+}
+
+torch::Tensor RotaryEmbeddingImpl::embed(std::array<int64_t, 2> grid) const {
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
   if (type == RopeType::mixed) {
     // get_mixed_grid: patch indices, then t_x * freqs_x + t_y * freqs_y per block and head.
@@ -71,8 +81,7 @@ torch::Tensor RotaryEmbeddingImpl::embed(std::array<int64_t, 2> grid) const {
   if (type == RopeType::cat) {
     // RotaryEmbeddingCat with in_pixels false: bands 1 / T^(i / nb) over patch indices (+ offset), rescaled to
     // ref_feat_shape when set (EVA-02's rule for other sizes).
-    auto band =
-        torch::pow(temperature, torch::arange(0, bands, torch::kInt64).to(torch::kFloat32) / bands).reciprocal();
+    const auto band = frequencies();
     std::array<int64_t, 2> ref = ref_feat;
     if (indexing == GridIndexing::xy) std::swap(ref[0], ref[1]);
     auto coords = coordinate_grid(grid, indexing, [&](int64_t axis, int64_t size) {
@@ -83,7 +92,7 @@ torch::Tensor RotaryEmbeddingImpl::embed(std::array<int64_t, 2> grid) const {
     angles = (coords.unsqueeze(-1) * band).flatten(-2).flatten(0, -2);
   } else {
     // RotaryEmbeddingDinoV3: periods T^(2i / (hd/2)) over patch centres, each axis normalised by its size to [-1, 1].
-    auto periods = torch::pow(temperature, 2.0 * torch::arange(bands, f32) / (head_dim / 2));
+    const auto periods = frequencies();
     auto coords = coordinate_grid(grid, indexing, [&](int64_t, int64_t size) {
       return (torch::arange(0.5, static_cast<double>(size), f32) + grid_offset) / static_cast<double>(size);
     });

@@ -20,6 +20,9 @@ struct RotaryEmbeddingImpl : torch::nn::Module {
   // sin and cos concatenated on the last axis for a gh x gw grid, patches in row-major order, float32:
   // (Np, 2 hd) for cat and dinov3, (depth, nh, Np, 2 hd) for mixed (one table per block and head).
   torch::Tensor embed(std::array<int64_t, 2> grid) const;
+  // The fixed frequencies embed multiplies the coordinates by, float32 (hd / 4): cat's bands 1 / T^(i / (hd/4)), or
+  // dinov3's periods T^(2i / (hd/2)) that it divides 2 pi times the coordinates by. Undefined for mixed (freqs).
+  torch::Tensor frequencies() const;
   // rope_type mixed: frequencies of timm's init_random_2d_freqs (a random rotation per block and head).
   void reset_parameters();
 
