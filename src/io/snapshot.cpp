@@ -65,6 +65,18 @@ std::vector<std::string> read_fields(const json& object, const std::string& path
   }
 }
 
+std::string renamed(const std::string& name, const std::string& from, const std::string& to) {
+  if (from.back() == '.') return name.rfind(from, 0) == 0 ? to + name.substr(from.size()) : "";
+  return name == from ? to : "";
+}
+
+void fail_unknown_tensors(const std::string& path, const std::string& layout, const std::vector<std::string>& names) {
+  std::string list;
+  for (size_t i = 0; i < names.size() && i < 8; ++i) list += (i ? ", " : "") + names[i];
+  if (names.size() > 8) list += ", ... (" + std::to_string(names.size()) + " in all)";
+  fail(path, "tensors that " + layout + " does not have: " + list);
+}
+
 std::vector<double> numbers(const json& value, const std::string& file, const std::string& key) {
   if (value.is_number()) return {value.get<double>()};
   if (!value.is_array() || value.empty()) fail(file, key + ": " + show(value) + " is not a list of numbers");

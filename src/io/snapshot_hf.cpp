@@ -326,25 +326,20 @@ const std::vector<std::pair<std::string, std::string>>& hf_block_names() {
   return names;
 }
 
-// `name` with `from` (an exact name, or a prefix ending in '.') replaced by `to`; "" when it does not match.
-std::string rename(const std::string& name, const std::string& from, const std::string& to) {
-  if (from.back() == '.') return name.rfind(from, 0) == 0 ? to + name.substr(from.size()) : "";
-  return name == from ? to : "";
-}
-
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
 }  // namespace
 
 std::string hf_name(const std::string& ours) {
   for (const auto& [mine, theirs] : hf_top_names()) {
-    if (auto out = rename(ours, mine, theirs); !out.empty()) return out;
+    if (auto out = snapshot_detail::renamed(ours, mine, theirs); !out.empty()) return out;
   }
   if (starts_with(ours, "blocks.")) {
     const auto dot = ours.find('.', 7);
     const std::string index = ours.substr(7, dot - 7), rest = ours.substr(dot + 1);
     for (const auto& [mine, theirs] : hf_block_names()) {
-      if (auto out = rename(rest, mine, theirs); !out.empty()) return "vit.encoder.layer." + index + "." + out;
+      if (auto out = snapshot_detail::renamed(rest, mine, theirs); !out.empty())
+        return "vit.encoder.layer." + index + "." + out;
     }
   }
   return "";
@@ -380,7 +375,7 @@ std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind
     const std::string name = starts_with(full, "vit.") || starts_with(full, "classifier.") ? full : "vit." + full;
     std::string ours;
     for (const auto& [mine, hf] : hf_top_names()) {
-      if (ours.empty()) ours = rename(name, hf, mine);
+      if (ours.empty()) ours = snapshot_detail::renamed(name, hf, mine);
     }
     if (starts_with(name, "vit.pooler.") || name == "vit.embeddings.mask_token") {
       continue;  // ViTModel's pooler and the masked-image-modelling token: classification never reads them
@@ -401,7 +396,7 @@ std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind
         continue;
       }
       for (const auto& [mine, hf] : hf_block_names()) {
-        if (auto out = rename(rest, hf, mine); !out.empty()) ours = block + out;
+        if (auto out = snapshot_detail::renamed(rest, hf, mine); !out.empty()) ours = block + out;
       }
     }
     if (ours.empty()) {
@@ -416,12 +411,7 @@ std::map<std::string, std::vector<std::string>> snapshot_names(SnapshotKind kind
     }
     out[ours] = {parts[0], parts[1], parts[2]};
   }
-  if (!unknown.empty()) {
-    std::string list;
-    for (size_t i = 0; i < unknown.size() && i < 8; ++i) list += (i ? ", " : "") + unknown[i];
-    if (unknown.size() > 8) list += ", ... (" + std::to_string(unknown.size()) + " in all)";
-    fail(path, "tensors that a Hugging Face ViT does not have: " + list);
-  }
+  if (!unknown.empty()) snapshot_detail::fail_unknown_tensors(path, "a Hugging Face ViT", unknown);
   return out;
 }
 

@@ -124,10 +124,6 @@ std::map<std::string, std::vector<std::string>> dinov3_names(const ModelConfig& 
       {"mlp.gate_proj.", "mlp.fc1_g."},
       {"mlp.up_proj.", m.swiglu_mlp ? "mlp.fc1_x." : "mlp.fc1."},
       {"mlp.down_proj.", "mlp.fc2."}};
-  auto renamed = [](const std::string& name, const std::string& from, const std::string& to) -> std::string {
-    if (from.back() == '.') return name.rfind(from, 0) == 0 ? to + name.substr(from.size()) : "";
-    return name == from ? to : "";
-  };
   std::map<std::string, std::vector<std::string>> out;
   std::vector<std::string> unknown;
   for (const auto& name : theirs) {
@@ -154,12 +150,7 @@ std::map<std::string, std::vector<std::string>> dinov3_names(const ModelConfig& 
       out[ours] = {name};
     }
   }
-  if (!unknown.empty()) {
-    std::string list;
-    for (size_t i = 0; i < unknown.size() && i < 8; ++i) list += (i ? ", " : "") + unknown[i];
-    if (unknown.size() > 8) list += ", ... (" + std::to_string(unknown.size()) + " in all)";
-    fail(path, "tensors that a Hugging Face DINOv3 ViT does not have: " + list);
-  }
+  if (!unknown.empty()) fail_unknown_tensors(path, "a Hugging Face DINOv3 ViT", unknown);
   return out;
 }
 

@@ -44,6 +44,12 @@ int64_t class_index(const std::string& key, int64_t count);
 // (std::runtime_error naming the file and key).
 std::vector<std::string> read_fields(const json& object, const std::string& path, const std::string& file,
                                      const FieldSpelling& spelling, ModelConfig& m);
+// `name` with `from` (an exact name, or a prefix ending in '.') replaced by `to`; "" when it does not match: how the
+// formats' name tables are read, both ways.
+std::string renamed(const std::string& name, const std::string& from, const std::string& to);
+// Fails naming (up to 8 of) the tensors of a file that `layout` ("a Hugging Face ViT") has no place for.
+[[noreturn]] void fail_unknown_tensors(const std::string& path, const std::string& layout,
+                                       const std::vector<std::string>& names);
 // A number or a non-empty list of numbers.
 std::vector<double> numbers(const json& value, const std::string& file, const std::string& key);
 
