@@ -7,9 +7,9 @@ deit) and Eva's (eva: EVA-02, DINOv3, RoPE-ViT, Perception Encoder; "model_class
 
 Each architecture's constructor arguments are read from timm's own registry (its model function is called with
 _create_vision_transformer intercepted, so nothing is built) and its input size from its default pretrained config.
-Architectures that need what vit lacks (VisionTransformer's SwiGLU MLPs, RMSNorm, parallel blocks, differential
-attention, distillation tokens, Eva's post-norm blocks and grouped-query attention, an input size that is not a whole
-number of patches) are left out. tests/test_interop.cpp (TimmPresets) checks the table against the installed timm.
+Architectures that need what vit lacks (parallel blocks, differential attention, distillation tokens, norms inside
+VisionTransformer's attention and MLP, Eva's post-norm blocks and grouped-query attention, an input size that is not
+a whole number of patches) are left out. tests/test_interop.cpp (TimmPresets) checks the table against the installed timm.
 """
 import json
 import sys
@@ -18,11 +18,14 @@ import timm
 import timm.models.deit as deit
 import timm.models.eva as eva
 import timm.models.vision_transformer as vision_transformer
+from timm.layers import Mlp, SwiGLU, SwiGLUPacked
 from timm.models import _registry
 
 # timm's argument -> how vit spells it (the same name unless listed).
 SAME = ["patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "class_token", "reg_tokens",
-        "no_embed_class", "pre_norm", "global_pool", "final_norm", "fc_norm", "qk_norm", "act_layer", "init_values"]
+        "no_embed_class", "pre_norm", "global_pool", "final_norm", "fc_norm", "qk_norm", "init_values", "proj_bias"]
+# act_layer as a name or a class -> vit's act_layer (timm's default, GELU, is vit's).
+ACTIVATIONS = {"gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": "silu", "SiLU": "silu"}
 IGNORED = {"img_size", "dynamic_img_size"}  # the size comes from the pretrained config; vit runs any size
 # Eva's arguments under the same name in vit, and those vit spells otherwise.
 EVA_SAME = ["patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "qkv_fused", "qk_norm",
@@ -57,11 +60,43 @@ def timm_arguments():
     return out
 
 
-def layer_norm_eps(value):
-    """The epsilon of a norm_layer that is timm's LayerNorm, else None."""
-    if getattr(value, "func", None) is None or value.func.__name__ != "LayerNorm":
-        return None
-    return value.keywords.get("eps", 1e-6)
+def norm_kind(value):
+    """(vit's norm_layer, epsilon) of a timm norm_layer (a class, a partial or get_norm_layer's name), else None."""
+    func = getattr(value, "func", value)
+    keywords = getattr(value, "keywords", {})
+    name = func if isinstance(func, str) else getattr(func, "__name__", "")
+    kind = {"LayerNorm": "layernorm", "layernorm": "layernorm", "RmsNorm": "rmsnorm", "rmsnorm": "rmsnorm"}.get(name)
+    return None if kind is None else (kind, keywords.get("eps", 1e-6))
+
+
+def apply_norm(section, key, value):
+    """Writes norm_layer or embed_norm_layer into the section; False when vit cannot hold it (one epsilon for all)."""
+    kind = norm_kind(value)
+    if kind is None or section.get("layer_norm_eps", kind[1]) != kind[1]:
+        return False
+    if key == "norm_layer" and kind[0] != "layernorm":
+        section["norm_layer"] = kind[0]
+    if key == "embed_norm_layer":
+        section["embed_norm_layer"] = kind[0]
+    if kind[1] != 1e-6:
+        section["layer_norm_eps"] = kind[1]
+    return True
+
+
+def activation_name(value):
+    """vit's act_layer for timm's, or None."""
+    return ACTIVATIONS.get(value if isinstance(value, str) else getattr(value, "__name__", ""))
+
+
+def mlp_layer_name(value):
+    """vit's mlp_layer for VisionTransformer's, or None."""
+    if value is Mlp:
+        return "mlp"
+    if value is SwiGLU:
+        return "swiglu"
+    if value is SwiGLUPacked or (getattr(value, "func", None) is SwiGLUPacked.func and value.keywords == SwiGLUPacked.keywords):
+        return "swiglu_packed"
+    return None
 
 
 def eva_model_section(kwargs, input_size):
@@ -75,10 +110,8 @@ def eva_model_section(kwargs, input_size):
         elif key == "ref_feat_shape":
             section[key] = list(value) if isinstance(value, tuple) else value
         elif key == "norm_layer":
-            eps = layer_norm_eps(value)
-            if eps is None:
-                return None  # RmsNorm
-            section["layer_norm_eps"] = eps
+            if not apply_norm(section, key, value):
+                return None
         elif key in ("use_fc_norm", "use_post_transformer_norm"):
             pass  # below
         elif key not in IGNORED:
@@ -104,14 +137,19 @@ def vit_model_section(kwargs, input_size):
     section = {}
     for key, value in kwargs.items():
         if key in SAME:
-            if key == "act_layer" and value not in ("gelu_tanh", "quick_gelu"):
-                return None
             section[key] = value
-        elif key == "norm_layer":
-            eps = layer_norm_eps(value)
-            if eps is None:
+        elif key == "act_layer":
+            if activation_name(value) is None:
                 return None
-            section["layer_norm_eps"] = eps
+            section[key] = activation_name(value)
+        elif key in ("norm_layer", "embed_norm_layer"):
+            if not apply_norm(section, key, value):
+                return None
+        elif key == "mlp_layer":
+            if mlp_layer_name(value) is None:
+                return None
+            if mlp_layer_name(value) != "mlp":
+                section[key] = mlp_layer_name(value)
         elif key not in IGNORED:
             return None
     return size_section(section, input_size)

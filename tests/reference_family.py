@@ -22,7 +22,7 @@
       pooler output: the class token after the final norm) and "attn.i.b" (block b's attention probabilities).
   shapes NAMES_FILE --out FILE
       For each architecture name (one per line), timm's model at depth 1 on the meta device: its state-dict shapes,
-      LayerNorm epsilon, MLP activation, input size and prefix-token count, as JSON.
+      norms' kinds and epsilon, MLP activation, input size and prefix-token count, as JSON.
 """
 import argparse
 import json
@@ -157,7 +157,7 @@ def shapes(a):
     for name in names:
         with torch.device("meta"):
             model = timm.create_model(name, pretrained=False, depth=1)
-        norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+        norms = [m for m in model.modules() if type(m).__name__ in ("LayerNorm", "RmsNorm")]
         act = model.blocks[0].mlp.act
         act_name = {"GELU": "gelu", "QuickGELU": "quick_gelu", "GELUTanh": "gelu_tanh", "SiLU": "silu"}.get(
                                                                                           type(act).__name__,
@@ -167,6 +167,7 @@ def shapes(a):
         out[name] = {
             "state": {k: list(v.shape) for k, v in model.state_dict().items()},
             "eps": sorted({m.eps for m in norms}),
+            "norms": sorted({type(m).__name__.lower() for m in norms}),
             "act": act_name,
             "img_size": list(model.patch_embed.img_size),
             "num_prefix_tokens": model.num_prefix_tokens,

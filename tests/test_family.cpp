@@ -172,7 +172,16 @@ INSTANTIATE_TEST_SUITE_P(
         FamilyCase{"pe_core", "vit_pe_core_tiny_patch16_384", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
                    "32x32,64x48,48x48"},
         FamilyCase{"pe_spatial", "vit_pe_spatial_tiny_patch16_512", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
-                   "32x32,48x64,64x64"}),
+                   "32x32,48x64,64x64"},
+        // AIMv2 (timm's VisionTransformer): RmsNorm everywhere and on the patch embedding (eps 1e-5 from the
+        // architecture), SwiGLU as fc1_g / fc1_x with SiLU, no qkv or projection biases, average pooling over the
+        // norm on every token.
+        FamilyCase{"aimv2", "aimv2_large_patch14_224", tiny(R"("img_size": 28, "dynamic_img_size": true)"),
+                   "28x28,42x56,56x56", "42x42"},
+        // DINOv2 giant: SwiGLUPacked (one fc1 of int(D x mlp_ratio) rows, gates first) with SiLU, LayerScale; the
+        // width is tiny's, even as SwiGLUPacked needs.
+        FamilyCase{"dinov2_giant", "vit_giant_patch14_reg4_dinov2",
+                   tiny(R"("img_size": 28, "dynamic_img_size": true, "mlp_ratio": 5.3125)"), "28x28,56x42,42x42"}),
     [](const auto& info) { return info.param.name; });
 
 // DINOv3 in transformers' own layout (DINOv3ViTModel.save_pretrained): a random two-block model, every weight
@@ -254,8 +263,11 @@ TEST(TimmPresets, EveryPresetHasTimmsShapesNormsActivationAndSize) {
     m.num_classes = state.contains("head.weight") ? state["head.weight"][0].get<int64_t>() : 0;
     EXPECT_EQ(theirs["img_size"], nlohmann::json::array({m.img_h, m.img_w}));
     EXPECT_EQ(theirs["num_prefix_tokens"].get<int64_t>(), m.num_prefix_tokens());
-    EXPECT_EQ(theirs["act"].get<std::string>(), m.swiglu_mlp ? "silu" : name_of(m.act_layer));  // SwiGLU: SiLU gate
+    EXPECT_EQ(theirs["act"].get<std::string>(), name_of(m.gate_activation()));  // SwiGLU: the gate's
     EXPECT_EQ(theirs["eps"], nlohmann::json::array({m.layer_norm_eps}));
+    std::set<std::string> norms{name_of(m.norm_layer)};
+    if (m.embed_norm_layer) norms.insert(name_of(*m.embed_norm_layer));
+    EXPECT_EQ(theirs["norms"].get<std::set<std::string>>(), norms);
     VisionTransformer net(m, Init::none);
     std::map<std::string, std::vector<int64_t>> ours;
     for (const auto& [name, tensor] : state_tensors(net)) ours[name] = tensor.sizes().vec();
@@ -321,6 +333,21 @@ TEST(FamilyModel, EveryParameterLearnsAndIsCounted) {
     m.pre_norm = true, m.reg_tokens = 4;
     configs.push_back(m);
   }
+  // AIMv2's: RmsNorm (also patch_embed.norm and q / k norms), SwiGLU fc1_g / fc1_x without biases, SiLU, avg pooling.
+  {
+    ModelConfig m = base();
+    m.norm_layer = NormLayer::rmsnorm, m.embed_norm_layer = NormLayer::rmsnorm, m.mlp_layer = MlpLayer::swiglu;
+    m.act_layer = Activation::silu, m.proj_bias = false, m.qkv_bias = false, m.qk_norm = true;
+    m.class_token = false, m.global_pool = GlobalPool::avg, m.fc_norm = false;
+    configs.push_back(m);
+  }
+  // DINOv2 giant's packed SwiGLU with LayerScale and a MAP head (its MLP stays timm's Mlp); a LayerNorm on the patches.
+  {
+    ModelConfig m = base();
+    m.mlp_layer = MlpLayer::swiglu_packed, m.act_layer = Activation::silu, m.mlp_ratio = 5.0, m.init_values = 0.1;
+    m.embed_norm_layer = NormLayer::layernorm, m.global_pool = GlobalPool::map, m.class_token = false;
+    configs.push_back(m);
+  }
   torch::manual_seed(0);
   for (const auto& m : configs) {
     SCOPED_TRACE(to_json(m).dump());
@@ -367,7 +394,20 @@ TEST(FamilyModel, ConfigRoundTripsAndRefusesWhatDoesNotFit) {
   EXPECT_NE(error(R"({"act_layer": "relu"})").find("model.act_layer"), std::string::npos);
   EXPECT_NE(error(R"({"fc_norm": 1})").find("model.fc_norm"), std::string::npos);
   EXPECT_NE(error(R"({"class_token": false})").find("\"token\" pooling needs class_token"), std::string::npos);
-  EXPECT_NE(test::error_of([] { model_preset("vit_giant_patch14_dinov2"); }).find("unknown model preset"),
+  EXPECT_NE(test::error_of([] { model_preset("deit_base_distilled_patch16_224"); }).find("unknown model preset"),
+            std::string::npos);
+  // AIMv2 and DINOv2 giant by name; VisionTransformer's MLP forms, refused on Eva and at an odd packed width.
+  const ModelConfig aimv2 = model_preset("aimv2_large_patch14_224");
+  EXPECT_EQ(aimv2.norm_layer, NormLayer::rmsnorm);
+  EXPECT_EQ(aimv2.embed_norm_layer, NormLayer::rmsnorm);
+  EXPECT_EQ(aimv2.mlp_layer, MlpLayer::swiglu);
+  EXPECT_FALSE(aimv2.proj_bias);
+  EXPECT_EQ(model_preset("vit_giant_patch14_dinov2").mlp_hidden(), 4096);  // fc1: 8192 rows, half of them gates
+  EXPECT_NE(error(R"({"model_class": "eva", "mlp_layer": "swiglu"})")
+                .find("model.mlp_layer: is an option of timm's VisionTransformer"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"embed_dim": 96, "num_heads": 4, "mlp_ratio": 1.03125, "mlp_layer": "swiglu_packed"})")
+                .find("swiglu_packed needs an even fc1 width (embed_dim * mlp_ratio = 99)"),
             std::string::npos);
 }
 

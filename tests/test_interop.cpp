@@ -195,8 +195,9 @@ void expect_same_logits(const std::map<std::string, torch::Tensor>& ours, const 
   }
 }
 
-// Token pooling; average pooling without a class token on a rectangle, with LayerScale; timm's Eva class twice: an
-// EVA-02 (rotary cat over a reference grid, q_bias / v_bias, packed SwiGLU, average pooling with fc_norm) and a
+// Token pooling; average pooling without a class token on a rectangle, with LayerScale; AIMv2's RmsNorm, patch
+// embedding norm, bias-free SwiGLU and SiLU (the architecture name carries the norms and MLP); timm's Eva class twice:
+// an EVA-02 (rotary cat over a reference grid, q_bias / v_bias, packed SwiGLU, average pooling with fc_norm) and a
 // RoPE-ViT mixed with what it does not have (q_proj / k_proj / v_proj, split SwiGLU with mlp.norm, attn.norm, gamma_1
 // only, a MAP head with its own heads, no final norm).
 ModelConfig export_timm_config(const std::string& name) {
@@ -205,6 +206,10 @@ ModelConfig export_timm_config(const std::string& name) {
   m.img_w = 40, m.init_values = 0.1;
   if (name == "avg") {
     m.global_pool = GlobalPool::avg, m.class_token = false;
+  } else if (name == "aimv2") {
+    m.norm_layer = NormLayer::rmsnorm, m.embed_norm_layer = NormLayer::rmsnorm, m.layer_norm_eps = 1e-5;
+    m.mlp_layer = MlpLayer::swiglu, m.act_layer = Activation::silu, m.proj_bias = false, m.qkv_bias = false;
+    m.global_pool = GlobalPool::avg, m.class_token = false, m.fc_norm = false;
   } else if (name == "eva02") {
     m.model_class = ModelClass::eva, m.use_rot_pos_emb = true, m.ref_feat_h = 4, m.ref_feat_w = 4;
     m.swiglu_mlp = true, m.mlp_ratio = 8.0 / 3.0, m.global_pool = GlobalPool::avg;
@@ -253,7 +258,7 @@ TEST_P(ExportTimm, LoadsInTimmStrictWithTheSameLogitsAndPreprocessing) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Pools, ExportTimm, ::testing::Values("token", "avg", "eva02", "eva_rope_mixed"),
+INSTANTIATE_TEST_SUITE_P(Pools, ExportTimm, ::testing::Values("token", "avg", "aimv2", "eva02", "eva_rope_mixed"),
                          [](const auto& info) { return info.param; });
 
 TEST(ExportHf, LoadsInTransformersWithTheSameLogitsAndPreprocessing) {
@@ -430,15 +435,19 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
     test::write_bytes(dir / (name + "/model.safetensors"), "");
     return error_of([&] { load_model(dir / name); });
   };
-  EXPECT_NE(refusal("giant", R"({"architecture": "vit_giant_patch14_dinov2.lvd142m", "num_classes": 0})")
-                .find("needs a SwiGLU MLP"),
+  EXPECT_NE(refusal("parallel", R"({"architecture": "vit_base_patch16_xp_224.untrained", "num_classes": 0})")
+                .find("needs parallel or residual-post-norm blocks"),
             std::string::npos);
-  EXPECT_NE(refusal("proj_bias", R"({"architecture": "vit_small_patch16_224",
-                                     "model_args": {"proj_bias": false}})")
-                .find("model_args.proj_bias = false is not supported"),
+  EXPECT_NE(refusal("scale_norm", R"({"architecture": "vit_small_patch16_224",
+                                      "model_args": {"scale_attn_norm": true}})")
+                .find("model_args.scale_attn_norm = true is not supported"),
             std::string::npos);
-  EXPECT_NE(refusal("act", R"({"architecture": "vit_small_patch16_224", "model_args": {"act_layer": "silu"}})")
-                .find("model_args.act_layer: \"silu\" is not one of: gelu, quick_gelu, gelu_tanh"),
+  EXPECT_NE(refusal("act", R"({"architecture": "vit_small_patch16_224", "model_args": {"act_layer": "relu"}})")
+                .find("model_args.act_layer: \"relu\" is not one of: gelu, quick_gelu, gelu_tanh, silu"),
+            std::string::npos);
+  // The norms and the MLP's form come with the architecture name: model_args may repeat them, not change them.
+  EXPECT_NE(refusal("norm", R"({"architecture": "vit_small_patch16_224", "model_args": {"norm_layer": "rmsnorm"}})")
+                .find("model_args.norm_layer = \"rmsnorm\" differs from the architecture's \"layernorm\""),
             std::string::npos);
   // Fields of the one list are read with the config's checked readers; ours that timm lacks are not timm's options.
   EXPECT_NE(refusal("width", R"({"architecture": "vit_small_patch16_224", "model_args": {"embed_dim": "wide"}})")
@@ -533,6 +542,20 @@ TEST(Snapshot, ModelFieldsRoundTripThroughTimmAndHfConfigs) {
                            "without the class slot", "pre_norm", "model.qk_norm true", "model.fc_norm"}) {
     EXPECT_NE(refused.find(what), std::string::npos) << what << " in: " << refused;
   }
+  // timm's model_args cannot say the norms or the MLP's form: a combination no architecture name has is refused,
+  // as is what timm's Eva lacks.
+  ModelConfig rms = test::tiny_vit(32, 8, 1, 5, 24, 2, 3, 2.0);
+  rms.norm_layer = NormLayer::rmsnorm;  // with 1e-6: AIMv2's is 1e-5
+  EXPECT_NE(error_of([&] { snapshot_files(SnapshotKind::timm, rms, squash, {}); })
+                .find("timm format cannot represent norm_layer rmsnorm with layer_norm_eps 1e-06, embed_norm_layer "
+                      "none and mlp_layer mlp in timm's VisionTransformer"),
+            std::string::npos);
+  ModelConfig eva = test::tiny_vit(32, 8, 1, 5, 24, 2, 3, 2.0);
+  eva.model_class = ModelClass::eva, eva.proj_bias = false;
+  EXPECT_NE(error_of([&] {
+              snapshot_files(SnapshotKind::timm, eva, squash, {});
+            }).find("model.proj_bias false with model_class eva"),
+            std::string::npos);
 }
 
 TEST(Snapshot, HfProcessorsThatCropAndTheirRefusals) {

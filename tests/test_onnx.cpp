@@ -121,6 +121,17 @@ std::vector<Variant> variants() {
   dinov3.rope_type = RopeType::dinov3, dinov3.rope_temperature = 100.0, dinov3.rope_rotate_half = true;
   dinov3.reg_tokens = 4, dinov3.qkv_bias = false, dinov3.init_values = 0.1, dinov3.img_w = 24;  // a rectangle
   list.push_back({"dinov3_rope", dinov3});
+  // AIMv2's: RmsNorm everywhere and on the patch embedding, SwiGLU (fc1_g / fc1_x) with SiLU, no projection biases.
+  auto aimv2 = base();
+  aimv2.norm_layer = NormLayer::rmsnorm, aimv2.embed_norm_layer = NormLayer::rmsnorm, aimv2.layer_norm_eps = 1e-5;
+  aimv2.mlp_layer = MlpLayer::swiglu, aimv2.act_layer = Activation::silu, aimv2.proj_bias = false;
+  aimv2.qkv_bias = false, aimv2.class_token = false, aimv2.global_pool = GlobalPool::avg, aimv2.fc_norm = false;
+  list.push_back({"aimv2_rmsnorm_swiglu", aimv2});
+  // DINOv2 giant's packed SwiGLU (one fc1, gates first) with LayerScale and registers.
+  auto giant = base();
+  giant.mlp_layer = MlpLayer::swiglu_packed, giant.act_layer = Activation::silu, giant.mlp_ratio = 16.0 / 3.0;
+  giant.init_values = 0.1, giant.reg_tokens = 2, giant.no_embed_class = true;
+  list.push_back({"giant_swiglu_packed", giant});
   return list;
 }
 
@@ -299,6 +310,7 @@ std::vector<SizedVariant> sized_variants() {
   list.push_back({"eva02_rope_swiglu", find("eva02_rope_swiglu"), square});
   list.push_back({"eva_rope_mixed_map", find("eva_rope_mixed_map"), square});
   list.push_back({"dinov3_rope", find("dinov3_rope"), {{16, 24}, {32, 20}, {8, 8}}});
+  list.push_back({"aimv2_rmsnorm_swiglu", find("aimv2_rmsnorm_swiglu"), square});
   return list;
 }
 

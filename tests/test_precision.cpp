@@ -152,6 +152,11 @@ TEST(Precision, ModelsOfTheFamilyStayCloseToFloat32) {
          c.rope_type = RopeType::dinov3, c.rope_rotate_half = true, c.qkv_fused = false, c.swiglu_mlp = true;
          c.scale_mlp = true, c.scale_attn_inner = true, c.global_pool = GlobalPool::map;
        }},
+      {"AIMv2: RmsNorm, patch norm, SwiGLU, no biases",
+       [](ModelConfig& c) {
+         c.norm_layer = NormLayer::rmsnorm, c.embed_norm_layer = NormLayer::rmsnorm, c.mlp_layer = MlpLayer::swiglu;
+         c.act_layer = Activation::silu, c.proj_bias = false, c.qkv_bias = false, c.global_pool = GlobalPool::avg;
+       }},
   };
   const bool bf16 = precision_refusal(Precision::bf16, torch::kCPU).empty();
   for (const auto& precision_case : cases) {

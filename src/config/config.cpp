@@ -148,6 +148,19 @@ class Section {
     if (!value) fail(source_, path(key), "\"" + text + "\" is not one of: " + enum_choices<E>());
     out = *value;
   }
+  // null clears the optional; otherwise one of the enum's names.
+  template <typename E, typename = std::enable_if_t<std::is_enum_v<E>>>
+  void read(const std::string& key, std::optional<E>& out) {
+    const json* v = object_.contains(key) ? &object_.at(key) : nullptr;
+    if (v != nullptr && v->is_null()) {
+      take(key);
+      out.reset();
+    } else if (v != nullptr) {
+      E value{};
+      read(key, value);
+      out = value;
+    }
+  }
 
   // The keys nothing took, in the object's order.
   std::vector<std::string> unused() const {
@@ -258,7 +271,7 @@ void visit_model(Model& m, Visitor& v) {
                    rope_rotate_half);
   v.size("ref_feat_shape", m.ref_feat_h, m.ref_feat_w);
   VIT_VISIT_FIELDS(v, m, attn_type, qkv_fused, swiglu_mlp, swiglu_align_to, scale_mlp, scale_attn_inner,
-                   attn_only_layer_scale);
+                   attn_only_layer_scale, norm_layer, embed_norm_layer, proj_bias, mlp_layer);
 }
 
 template <typename P, typename Visitor>
@@ -366,7 +379,11 @@ struct Writer {
   }
   template <typename T>
   void operator()(const char* key, const std::optional<T>& field) {
-    j[key] = field ? json(*field) : json(nullptr);
+    if constexpr (std::is_enum_v<T>) {
+      j[key] = field ? json(name_of(*field)) : json(nullptr);
+    } else {
+      j[key] = field ? json(*field) : json(nullptr);
+    }
   }
   void preset(const char* key, const std::string& name) {
     if (!name.empty()) j[key] = name;
@@ -547,6 +564,8 @@ json to_json(const Config& c) {
 int64_t ModelConfig::mlp_hidden() const {
   int64_t hidden = static_cast<int64_t>(static_cast<double>(embed_dim) * mlp_ratio);
   if (swiglu_split() && swiglu_align_to > 0) hidden += (swiglu_align_to - hidden % swiglu_align_to) % swiglu_align_to;
+  // timm's SwiGLUPacked in VisionTransformer: fc1 has int(D * mlp_ratio) rows, half of them the gates.
+  if (mlp_layer == MlpLayer::swiglu_packed) hidden /= 2;
   return hidden;
 }
 

@@ -19,9 +19,20 @@ namespace vit {
 enum class GlobalPool { token, avg, map };
 VIT_ENUM_NAMES(GlobalPool, "token", "avg", "map");
 
-// The MLP's activation (timm's act_layer): exact GELU (nn.GELU), CLIP's x * sigmoid(1.702 x), or tanh-approximate GELU.
-enum class Activation { gelu, quick_gelu, gelu_tanh };
-VIT_ENUM_NAMES(Activation, "gelu", "quick_gelu", "gelu_tanh");
+// The MLP's activation (timm's act_layer): exact GELU (nn.GELU), CLIP's x * sigmoid(1.702 x), tanh-approximate GELU,
+// or SiLU x * sigmoid(x) (the gate of AIMv2's and DINOv2 giant's SwiGLU).
+enum class Activation { gelu, quick_gelu, gelu_tanh, silu };
+VIT_ENUM_NAMES(Activation, "gelu", "quick_gelu", "gelu_tanh", "silu");
+
+// timm's norm_layer, by get_norm_layer's names: LayerNorm (weight and bias) or RmsNorm (x / rms(x), weight only).
+enum class NormLayer { layernorm, rmsnorm };
+VIT_ENUM_NAMES(NormLayer, "layernorm", "rmsnorm");
+
+// VisionTransformer's mlp_layer: timm's Mlp (fc1, act, fc2), SwiGLU (fc1_g and fc1_x of int(D * mlp_ratio) rows
+// each: AIMv2) or SwiGLUPacked (one fc1 of int(D * mlp_ratio) rows, the first half the gates: DINOv2 giant). The
+// gate's activation is act_layer. Eva chooses its MLP by swiglu_mlp instead.
+enum class MlpLayer { mlp, swiglu, swiglu_packed };
+VIT_ENUM_NAMES(MlpLayer, "mlp", "swiglu", "swiglu_packed");
 
 // Which of timm's model classes the weights are laid out as: VisionTransformer (vision_transformer.py) or Eva
 // (eva.py: EVA-02, DINOv3, RoPE-ViT, Perception Encoder). The two compute the same plain ViT; Eva names LayerScale
@@ -77,6 +88,10 @@ struct ModelConfig {
   bool rel_pos_bias = false;     // learned 2-D relative position bias per head (added to attention logits)
   std::optional<int64_t> attn_pool_num_heads;  // heads of the MAP head (null = num_heads)
   std::optional<double> attn_pool_mlp_ratio;   // MLP ratio of the MAP head (null = mlp_ratio)
+  NormLayer norm_layer = NormLayer::layernorm;  // every norm's kind (epsilon layer_norm_eps)
+  std::optional<NormLayer> embed_norm_layer;  // a norm on the patch embedding's tokens (patch_embed.norm; null = none)
+  bool proj_bias = true;                      // biases on attn.proj and the MLP's layers
+  MlpLayer mlp_layer = MlpLayer::mlp;         // VisionTransformer's MLP form (see MlpLayer)
 
   // timm's Eva class and its options (model_class eva only).
   ModelClass model_class = ModelClass::vision_transformer;  // timm's class the weights are laid out as
@@ -106,15 +121,22 @@ struct ModelConfig {
   int64_t pos_embed_prefix() const { return no_embed_class ? 0 : num_prefix_tokens(); }
   // Whether the final norm sits after pooling (fc_norm) rather than on every token (norm): timm's use_fc_norm.
   bool use_fc_norm() const { return fc_norm.value_or(global_pool == GlobalPool::avg); }
-  // The MLP's hidden width: embed_dim * mlp_ratio (as timm's int()), SwiGLU's rounded up to swiglu_align_to.
+  // The MLP's hidden width (what fc2 reads): embed_dim * mlp_ratio (as timm's int()), Eva's SwiGLU rounded up to
+  // swiglu_align_to, half of it with mlp_layer swiglu_packed.
   int64_t mlp_hidden() const;
+  // Whether the MLP is a SwiGLU (Eva's swiglu_mlp or VisionTransformer's mlp_layer): fc1 makes gates and values.
+  bool gated_mlp() const { return swiglu_mlp || mlp_layer != MlpLayer::mlp; }
+  // The gate's activation: SiLU in Eva's SwiGLU, act_layer in VisionTransformer's.
+  Activation gate_activation() const { return swiglu_mlp ? Activation::silu : act_layer; }
   // Whether the MAP head attends over the prefix tokens too (timm's Eva), not the patches only (VisionTransformer).
   bool pool_includes_prefix() const { return model_class == ModelClass::eva; }
   // The MAP head's heads and hidden width.
   int64_t pool_heads() const { return attn_pool_num_heads.value_or(num_heads); }
   int64_t pool_hidden() const;
   // Whether the SwiGLU MLP has separate gate and value projections (fc1_g, fc1_x) rather than one packed fc1.
-  bool swiglu_split() const { return swiglu_mlp && (scale_mlp || swiglu_align_to > 0); }
+  bool swiglu_split() const {
+    return (swiglu_mlp && (scale_mlp || swiglu_align_to > 0)) || mlp_layer == MlpLayer::swiglu;
+  }
   // Whether the qkv projection's bias is Eva's q_bias and v_bias (EvaAttention with a fused qkv and qkv_bias).
   bool eva_qkv_bias() const { return model_class == ModelClass::eva && attn_type == AttnType::eva && qkv_bias; }
 };

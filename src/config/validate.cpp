@@ -103,6 +103,13 @@ void validate(const ModelConfig& m, const std::string& source) {
       check(!set, source, key, "is an option of timm's Eva class: it needs model_class \"eva\"");
     }
   }
+  check(m.model_class == ModelClass::vision_transformer || m.mlp_layer == plain.mlp_layer, source,
+        VIT_MODEL_KEY(mlp_layer), "is an option of timm's VisionTransformer (Eva's MLP is chosen by swiglu_mlp)");
+  if (m.mlp_layer == MlpLayer::swiglu_packed) {
+    const auto rows = static_cast<int64_t>(static_cast<double>(m.embed_dim) * m.mlp_ratio);
+    check(rows % 2 == 0, source, VIT_MODEL_KEY(mlp_layer),
+          "swiglu_packed needs an even fc1 width (embed_dim * mlp_ratio = " + std::to_string(rows) + ")");
+  }
   if (m.use_rot_pos_emb) {
     check(m.head_dim() % 4 == 0, source, VIT_MODEL_KEY(use_rot_pos_emb),
           "rotary embeddings need a head dim divisible by 4 (embed_dim / num_heads = " + std::to_string(m.head_dim()) +

@@ -345,8 +345,11 @@ Geometry geometry(const ModelConfig& m, bool dynamic, const std::string& path) {
 }
 
 // The MLP activation (opset 17 has no Gelu). Exact GELU from Erf, in torch's order: x * 0.5 * (1 + erf(x / sqrt(2)));
-// quick_gelu: x * sigmoid(1.702 x); gelu_tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+// quick_gelu: x * sigmoid(1.702 x); gelu_tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); silu: x * sigmoid(x).
+std::string silu(GraphBuilder& b, const std::string& x, const std::string& name);
+
 std::string activation(GraphBuilder& b, const std::string& x, const std::string& name, Activation act) {
+  if (act == Activation::silu) return silu(b, x, name);
   if (act == Activation::quick_gelu) {
     auto scaled = b.op("Mul", {x, b.scalar("quick_gelu.scale", 1.702f)}, name + ".scaled");
     auto gate = b.op("Sigmoid", {scaled}, name + ".sigmoid");
@@ -369,9 +372,26 @@ std::string activation(GraphBuilder& b, const std::string& x, const std::string&
   return b.op("Mul", {half_x, one_plus}, name);
 }
 
-std::string layer_norm(GraphBuilder& b, Weights& w, const std::string& x, const std::string& name, int64_t D,
-                       double eps) {
+// Reduces over the last dim, kept as size 1 (opset 18 moved Reduce*'s axes from an attribute to an input).
+std::string mean_last(GraphBuilder& b, const std::string& x, const std::string& name, int64_t opset) {
+  auto* mean = opset >= 18 ? b.node("ReduceMean", {x, b.ints({-1})}, name) : b.node("ReduceMean", {x}, name);
+  if (opset < 18) attribute(mean, "axes", std::vector<int64_t>{-1});
+  attribute(mean, "keepdims", int64_t{1});
+  return name;
+}
+
+// A norm over the last dim D of x: LayerNormalization, or RmsNorm written out (opset 17 has no RMSNormalization)
+// as x / sqrt(mean(x^2) + eps) * weight.
+std::string norm(GraphBuilder& b, Weights& w, const std::string& x, const std::string& name, int64_t D, NormLayer kind,
+                 double eps, int64_t opset) {
   auto scale = b.weight(name + ".weight", w.take(name + ".weight", {D}));
+  if (kind == NormLayer::rmsnorm) {
+    auto mean_square = mean_last(b, b.op("Mul", {x, x}, name + ".squares"), name + ".mean_square", opset);
+    auto rms = b.op("Sqrt",
+                    {b.op("Add", {mean_square, b.scalar("rms_norm.eps", static_cast<float>(eps))}, name + ".plus_eps")},
+                    name + ".rms");
+    return b.op("Mul", {b.op("Div", {x, rms}, name + ".normed"), scale}, name);
+  }
   auto bias = b.weight(name + ".bias", w.take(name + ".bias", {D}));
   auto* node = b.node("LayerNormalization", {x, scale, bias}, name);
   attribute(node, "axis", int64_t{-1});
@@ -432,6 +452,9 @@ std::string embed(GraphBuilder& b, Weights& w, const std::string& pixels, const 
   auto* rows = b.node("Transpose", {flat}, "patch_embed");  // (B, L, D), row by row
   attribute(rows, "perm", std::vector<int64_t>{0, 2, 1});
   std::string tokens = "patch_embed";
+  if (m.embed_norm_layer) {
+    tokens = norm(b, w, tokens, "patch_embed.norm", g.D, *m.embed_norm_layer, m.layer_norm_eps, g.opset);
+  }
   std::string pos;  // none without use_abs_pos_emb (rotary embeddings only)
   if (m.use_abs_pos_emb) {
     pos = b.weight("pos_embed", w.take("pos_embed", {1, g.pos_rows, g.D}));
@@ -454,7 +477,7 @@ std::string embed(GraphBuilder& b, Weights& w, const std::string& pixels, const 
     tokens = "tokens.with_prefix";
   }
   std::string added = m.no_embed_class || pos.empty() ? tokens : b.op("Add", {tokens, pos}, "embed");  // (B, N, D)
-  if (m.pre_norm) added = layer_norm(b, w, added, "norm_pre", g.D, m.layer_norm_eps);
+  if (m.pre_norm) added = norm(b, w, added, "norm_pre", g.D, m.norm_layer, m.layer_norm_eps, g.opset);
   return b.op("Reshape", {added, b.ints({-1, g.D})}, "embed.rows");  // (B*N, D)
 }
 
@@ -634,26 +657,28 @@ std::string project_qkv(GraphBuilder& b, Weights& w, const std::string& h, const
 std::string mlp(GraphBuilder& b, Weights& w, const std::string& x, const std::string& p, const Geometry& g,
                 const BlockOptions& o) {
   const ModelConfig& m = *o.model;
+  const bool bias = m.proj_bias;
+  const Activation gate_act = m.gate_activation();
   std::string h;
-  if (!m.swiglu_mlp) {
-    h = activation(b, linear(b, w, x, p + "mlp.fc1", g.D, g.hidden), p + "mlp.act", o.act);
+  if (!m.gated_mlp()) {
+    h = activation(b, linear(b, w, x, p + "mlp.fc1", g.D, g.hidden, bias), p + "mlp.act", o.act);
   } else if (m.swiglu_split()) {
-    auto gate = silu(b, linear(b, w, x, p + "mlp.fc1_g", g.D, g.hidden), p + "mlp.gate");
-    h = b.op("Mul", {gate, linear(b, w, x, p + "mlp.fc1_x", g.D, g.hidden)}, p + "mlp.act");
+    auto gate = activation(b, linear(b, w, x, p + "mlp.fc1_g", g.D, g.hidden, bias), p + "mlp.gate", gate_act);
+    h = b.op("Mul", {gate, linear(b, w, x, p + "mlp.fc1_x", g.D, g.hidden, bias)}, p + "mlp.act");
   } else {
-    auto both = linear(b, w, x, p + "mlp.fc1", g.D, 2 * g.hidden);
+    auto both = linear(b, w, x, p + "mlp.fc1", g.D, 2 * g.hidden, bias);
     auto gate = b.op("Slice", {both, b.ints({0}), b.ints({g.hidden}), b.ints({1})}, p + "mlp.fc1.gate");
     auto value = b.op("Slice", {both, b.ints({g.hidden}), b.ints({2 * g.hidden}), b.ints({1})}, p + "mlp.fc1.value");
-    h = b.op("Mul", {silu(b, gate, p + "mlp.gate"), value}, p + "mlp.act");
+    h = b.op("Mul", {activation(b, gate, p + "mlp.gate", gate_act), value}, p + "mlp.act");
   }
-  if (m.scale_mlp) h = layer_norm(b, w, h, p + "mlp.norm", g.hidden, o.eps);
-  return linear(b, w, h, p + "mlp.fc2", g.hidden, g.D);
+  if (m.scale_mlp) h = norm(b, w, h, p + "mlp.norm", g.hidden, o.model->norm_layer, o.eps, g.opset);
+  return linear(b, w, h, p + "mlp.fc2", g.hidden, g.D, bias);
 }
 
 // One transformer block over (B*N, D) rows: x + ls1(attn(norm1(x))), then the same for the MLP.
 std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::string& p, const Geometry& g,
                   const BlockOptions& o) {
-  auto h = layer_norm(b, w, x, p + "norm1", g.D, o.eps);
+  auto h = norm(b, w, x, p + "norm1", g.D, o.model->norm_layer, o.eps, g.opset);
   const auto qkv = project_qkv(b, w, h, p, g, o);  // (B*N, 3D)
   auto heads = b.op("Reshape", {qkv, b.batch_shape({-1, 3, g.nh, g.hd})}, p + "attn.qkv.heads");  // (B, N, 3, nh, hd)
   attribute(b.node("Transpose", {heads}, p + "attn.qkv.split"), "perm", std::vector<int64_t>{2, 0, 3, 1, 4});
@@ -664,8 +689,8 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
   };
   auto q = take(0, "attn.q"), k = take(1, "attn.k"), v = take(2, "attn.v");
   if (o.qk_norm) {  // LayerNorm over each head's hd features
-    q = layer_norm(b, w, q, p + "attn.q_norm", g.hd, o.eps);
-    k = layer_norm(b, w, k, p + "attn.k_norm", g.hd, o.eps);
+    q = norm(b, w, q, p + "attn.q_norm", g.hd, o.model->norm_layer, o.eps, g.opset);
+    k = norm(b, w, k, p + "attn.k_norm", g.hd, o.model->norm_layer, o.eps, g.opset);
   }
   if (!o.rope_sin.empty()) q = rotate(b, q, p + "attn.q_rope", g, o), k = rotate(b, k, p + "attn.k_rope", g, o);
   // As the model's explicit path: scale q, q @ k^T, (+ relative bias), softmax over keys.
@@ -688,8 +713,8 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
   auto context = b.op("MatMul", {o.probs_output, v}, p + "attn.context");  // (B, nh, N, hd)
   attribute(b.node("Transpose", {context}, p + "attn.merge"), "perm", std::vector<int64_t>{0, 2, 1, 3});
   auto merged = b.op("Reshape", {p + "attn.merge", b.ints({-1, g.D})}, p + "attn.merged");  // (B*N, D)
-  if (o.model->scale_attn_inner) merged = layer_norm(b, w, merged, p + "attn.norm", g.D, o.eps);
-  auto a = linear(b, w, merged, p + "attn.proj", g.D, g.D);
+  if (o.model->scale_attn_inner) merged = norm(b, w, merged, p + "attn.norm", g.D, o.model->norm_layer, o.eps, g.opset);
+  auto a = linear(b, w, merged, p + "attn.proj", g.D, g.D, o.model->proj_bias);
   // LayerScale: ls1.gamma / ls2.gamma, or Eva's gamma_1 / gamma_2 (gamma_2 absent with attn_only_layer_scale).
   const bool eva = o.model->model_class == ModelClass::eva;
   auto scale = [&](const std::string& branch, const std::string& vit_name, const std::string& eva_name,
@@ -700,7 +725,7 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
   if (o.layer_scale) a = scale(a, "ls1.gamma", "gamma_1", "ls1");
   auto y = b.op("Add", {x, a}, p + "attn.residual");
 
-  auto m = mlp(b, w, layer_norm(b, w, y, p + "norm2", g.D, o.eps), p, g, o);
+  auto m = mlp(b, w, norm(b, w, y, p + "norm2", g.D, o.model->norm_layer, o.eps, g.opset), p, g, o);
   if (o.layer_scale && !(eva && o.model->attn_only_layer_scale)) m = scale(m, "ls2.gamma", "gamma_2", "ls2");
   return b.op("Add", {y, m}, p + "output");
 }
@@ -734,7 +759,7 @@ std::string attention_pool(GraphBuilder& b, Weights& w, const std::string& patch
   attribute(b.node("Transpose", {context}, p + "merge"), "perm", std::vector<int64_t>{0, 2, 1, 3});
   auto merged = b.op("Reshape", {p + "merge", b.ints({-1, g.D})}, p + "merged");  // (B, D)
   auto x = linear(b, w, merged, p + "proj", g.D, g.D);
-  auto h = layer_norm(b, w, x, p + "norm", g.D, m.layer_norm_eps);
+  auto h = norm(b, w, x, p + "norm", g.D, m.norm_layer, m.layer_norm_eps, g.opset);
   h = linear(b, w, h, p + "mlp.fc1", g.D, hidden);
   h = activation(b, h, p + "mlp.act", m.act_layer);
   h = linear(b, w, h, p + "mlp.fc2", hidden, g.D);
@@ -751,12 +776,12 @@ std::string head(GraphBuilder& b, Weights& w, const std::string& x, const Geomet
   std::string pooled;
   if (m.global_pool == GlobalPool::token) {
     attribute(b.node("Gather", {tokens, b.ints({0}, /*scalar_index=*/true)}, "pooled"), "axis", int64_t{1});
-    pooled = token_norm ? layer_norm(b, w, "pooled", "norm", g.D, m.layer_norm_eps) : "pooled";
+    pooled = token_norm ? norm(b, w, "pooled", "norm", g.D, m.norm_layer, m.layer_norm_eps, g.opset) : "pooled";
   } else {
     // Eva's MAP head attends over every token (ModelConfig::pool_includes_prefix).
     const int64_t skip = m.global_pool == GlobalPool::map && m.pool_includes_prefix() ? 0 : g.prefix;
     std::string patches = b.op("Slice", {tokens, b.ints({skip}), b.ints({INT64_MAX}), b.ints({1})}, "patch_tokens");
-    if (token_norm) patches = layer_norm(b, w, patches, "norm", g.D, m.layer_norm_eps);  // (B, Np, D)
+    if (token_norm) patches = norm(b, w, patches, "norm", g.D, m.norm_layer, m.layer_norm_eps, g.opset);  // (B, Np, D)
     if (m.global_pool == GlobalPool::map) {
       pooled = attention_pool(b, w, patches, g, m, pool_probs);
     } else {
@@ -768,7 +793,9 @@ std::string head(GraphBuilder& b, Weights& w, const std::string& x, const Geomet
       pooled = "pooled";
     }
   }
-  if (m.final_norm && m.use_fc_norm()) pooled = layer_norm(b, w, pooled, "fc_norm", g.D, m.layer_norm_eps);
+  if (m.final_norm && m.use_fc_norm()) {
+    pooled = norm(b, w, pooled, "fc_norm", g.D, m.norm_layer, m.layer_norm_eps, g.opset);
+  }
   if (g.K == 0) return b.op("Identity", {pooled}, output);
   std::vector<std::string> inputs{pooled, b.weight("head.weight", w.take("head.weight", {g.K, g.D})),
                                   b.weight("head.bias", w.take("head.bias", {g.K}))};

@@ -12,11 +12,14 @@ namespace snapshot_detail {
 namespace {
 
 // timm's model_args spell the model fields as we do (the field list's names are timm's VisionTransformer
-// arguments), except these: fields timm's VisionTransformer has no argument for (the LayerNorm epsilon comes with the
-// architecture name's norm_layer; the relative position bias is BEiT's), and the training-time rates, which vit does
-// not write (model_config.h's is_dropout_rate).
+// arguments), except these: fields timm's VisionTransformer has no argument for (the relative position bias is
+// BEiT's), the norms and the MLP's form, which come with the architecture name (its norm_layer carries the epsilon,
+// and mlp_layer is a class, not a name model_args can hold), and the training-time rates, which vit does not write
+// (model_config.h's is_dropout_rate).
 bool timm_lacks(const std::string& field) {
-  return field == "preset" || field == "layer_norm_eps" || field == "rel_pos_bias" || field == "model_class";
+  static const std::set<std::string> fields = {"preset",     "layer_norm_eps",   "rel_pos_bias", "model_class",
+                                               "norm_layer", "embed_norm_layer", "mlp_layer"};
+  return fields.count(field) > 0;
 }
 
 // The fields only timm's Eva class has an argument for.
@@ -36,7 +39,7 @@ std::string timm_key(const ModelConfig& m, const std::string& field) {
   if (m.model_class == ModelClass::vision_transformer) return eva_only(field) ? "" : field;
   if (field == "reg_tokens") return "num_reg_tokens";
   if (field == "pre_norm") return "use_pre_transformer_norm";
-  if (field == "act_layer" || field == "final_norm" || field == "fc_norm") return "";
+  if (field == "act_layer" || field == "final_norm" || field == "fc_norm" || field == "proj_bias") return "";
   return field;
 }
 
@@ -79,10 +82,10 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
   // Options of timm's VisionTransformer that change the architecture, each accepted only at its plain-ViT value.
   // clang-format off
   const std::map<std::string, json> plain = {
-      {"dynamic_img_pad", false},  {"norm_layer", "layernorm"}, {"embed_layer", "PatchEmbed"}, {"block_fn", "Block"},
-      {"mlp_layer", "Mlp"},        {"patch_bias", true},        {"ignore_head", false},        {"attn_layer", "attn"},
-      {"proj_bias", true},         {"pool_include_prefix", false}, {"pos_embed", "learn"},   {"scale_attn_norm", false},
-      {"scale_mlp_norm", false},   {"embed_norm_layer", nullptr},
+      {"dynamic_img_pad", false},  {"embed_layer", "PatchEmbed"}, {"block_fn", "Block"},
+      {"patch_bias", true},        {"ignore_head", false},        {"attn_layer", "attn"},
+      {"pool_include_prefix", false}, {"pos_embed", "learn"},   {"scale_attn_norm", false},
+      {"scale_mlp_norm", false},
       // Eva's: post-norm blocks, grouped-query attention, MRoPE, the rotary grid's training-time augmentations.
       {"use_post_norm", false},    {"num_kv_heads", nullptr},   {"rope_mrope_section", nullptr},
       {"rope_shift_coords", nullptr}, {"rope_jitter_coords", nullptr}, {"rope_rescale_coords", nullptr},
@@ -93,11 +96,23 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
   // by the patch, resampling the position embedding as timm's dynamic_img_size does.
   const std::set<std::string> harmless = {
       "weight_init", "fix_init", "patch_drop_rate", "pretrained_cfg_overlay", "dynamic_img_size", "head_init_scale"};
+  // The forms the architecture name gave (timm_lacks), which model_args may repeat but not change.
+  const std::map<std::string, json> named = {
+      {"norm_layer", name_of(m.norm_layer)},
+      {"embed_norm_layer", m.embed_norm_layer ? json(name_of(*m.embed_norm_layer)) : json(nullptr)},
+      {"mlp_layer", m.mlp_layer == MlpLayer::mlp      ? "Mlp"
+                    : m.mlp_layer == MlpLayer::swiglu ? "SwiGLU"
+                                                      : "SwiGLUPacked"}};
   for (const auto& key : others) {
     if (eva && (key == "use_fc_norm" || key == "use_post_transformer_norm")) continue;  // apply_eva_norms
     const json& value = args[key];
     const std::string where = "model_args." + key;
-    if (auto it = plain.find(key); it != plain.end()) {
+    if (auto it = named.find(key); it != named.end()) {
+      if (!value.is_null() && value != it->second) {
+        fail(file, where + " = " + show(value) + " differs from the architecture's " + show(it->second) +
+                       " (vit takes the norms and the MLP's form from the architecture name)");
+      }
+    } else if (auto it = plain.find(key); it != plain.end()) {
       if (!value.is_null() && value != it->second) {
         fail(file, where + " = " + show(value) + " is not supported (vit builds only " + key + " = " +
                        show(it->second) + ")");
@@ -114,8 +129,6 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
 std::string family_needs(const std::string& arch) {
   auto has = [&](const char* part) { return arch.find(part) != std::string::npos; };
   if (has("distilled")) return "DeiT's distillation token (dist_token)";
-  if (has("giant") && has("dinov2")) return "a SwiGLU MLP (DINOv2 giant)";
-  if (has("aimv2")) return "RMSNorm and a SwiGLU MLP (AIMv2)";
   if (has("beit3")) return "norms inside attention and MLP (BEiT-3)";
   if (has("_xp_") || has("18x2") || has("rpn") || has("pwee")) return "parallel or residual-post-norm blocks";
   if (has("dwee") || has("dlittle")) return "differential attention";
@@ -210,7 +223,14 @@ std::map<std::string, json> timm_files(const ModelConfig& m, const Preprocess& p
   std::map<std::string, json> files;
   const std::string arch = timm_architecture(m);
   if (arch.empty()) {
-    refuse("layer_norm_eps " + num(m.layer_norm_eps) + " (timm's ViT architectures use 1e-6, CLIP's 1e-5)");
+    const std::string embed = m.embed_norm_layer ? name_of(*m.embed_norm_layer) : "none";
+    refuse("norm_layer " + std::string(name_of(m.norm_layer)) + " with layer_norm_eps " + num(m.layer_norm_eps) +
+           ", embed_norm_layer " + embed + " and mlp_layer " + name_of(m.mlp_layer) + " in timm's " +
+           (m.model_class == ModelClass::eva ? "Eva" : "VisionTransformer") +
+           " (no architecture of timm's has them, and model_args cannot say them)");
+  }
+  if (m.model_class == ModelClass::eva && !m.proj_bias) {
+    refuse(VIT_MODEL_KEY(proj_bias) + " false with model_class eva (timm's Eva has no such option)");
   }
   if (m.model_class == ModelClass::eva && m.act_layer != Activation::gelu) {
     refuse(VIT_MODEL_KEY(act_layer) + " " + name_of(m.act_layer) + " with model_class eva (timm's Eva has GELU MLPs)");
@@ -268,8 +288,9 @@ json family_fields(ModelConfig m) {
 
 std::string timm_architecture(const ModelConfig& m) {
   // `create_model` needs a registered name, and model_args carry every other field, so the name matters only for
-  // what model_args cannot say: the LayerNorm epsilon (norm_layer), and init_values None (create_model drops None). Among the names with the model's epsilon, the
-  // model's own preset, else the nearest by family options, patch, width, depth and resolution (a label only).
+  // what model_args cannot say: the norms (norm_layer with its epsilon, embed_norm_layer), mlp_layer, and init_values
+  // None (create_model drops None). Among the names with the model's epsilon, the model's own preset, else the nearest
+  // by family options, patch, width, depth and resolution (a label only).
   const nlohmann::json mine = snapshot_detail::family_fields(m);
   std::string best;
   int64_t best_gap = -1;
@@ -277,6 +298,9 @@ std::string timm_architecture(const ModelConfig& m) {
     const ModelConfig p = model_preset(arch.name);
     if (p.model_class != m.model_class) continue;
     if (std::abs(p.layer_norm_eps - m.layer_norm_eps) > 1e-12 * m.layer_norm_eps) continue;
+    if (p.norm_layer != m.norm_layer || p.embed_norm_layer != m.embed_norm_layer || p.mlp_layer != m.mlp_layer) {
+      continue;
+    }
     // timm's create_model drops None arguments, so "no LayerScale" can only come from the name.
     if (!m.init_values && p.init_values) continue;
     if (arch.name == m.preset) return m.preset;

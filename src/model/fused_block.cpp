@@ -40,7 +40,10 @@ void activation_forward(const float* h, float* g, int64_t count, Activation act)
     case Activation::quick_gelu:
       at::mul_out(output, input, torch::sigmoid(input * 1.702));  // x sigmoid(1.702 x), as timm's QuickGELU
       return;
+    case Activation::silu:
+      break;  // BlockImpl::fused_refusal keeps SiLU MLPs off the fused path
   }
+  throw std::logic_error("fused block: activation " + std::string(name_of(act)) + " is not covered");
 }
 
 // dh = dg act'(h), in place over dg.
@@ -58,7 +61,10 @@ void activation_backward(const float* h, float* dg, int64_t count, Activation ac
       grad.mul_(s + input * 1.702 * s * (1.0 - s));
       return;
     }
+    case Activation::silu:
+      break;
   }
+  throw std::logic_error("fused block: activation " + std::string(name_of(act)) + " is not covered");
 }
 
 // ---- the passes ----

@@ -81,6 +81,25 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   return linear(x, weight, bias);
 }
 
+// ---- Norm ----
+
+NormImpl::NormImpl(int64_t dim, NormLayer kind, double eps) : kind(kind), eps(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+  if (kind == NormLayer::layernorm) bias = register_parameter("bias", torch::zeros({dim}));
+}
+
+torch::Tensor NormImpl::forward(const torch::Tensor& x) {
+  if (kind == NormLayer::layernorm) return torch::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+  // timm's RmsNorm (F.rms_norm): x / sqrt(mean(x^2) + eps), then the weight; in float32 for half inputs.
+  const auto x32 = x.to(torch::kFloat);
+  return (x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.dtype()) * weight.to(x.dtype());
+}
+
+namespace {
+// A norm of the model's kind and epsilon.
+Norm make_norm(const ModelConfig& config, int64_t dim) { return Norm(dim, config.norm_layer, config.layer_norm_eps); }
+}  // namespace
+
 // ---- PatchEmbed ----
 
 PatchEmbedImpl::PatchEmbedImpl(const ModelConfig& config) : patch_size(config.patch_size) {
@@ -88,9 +107,17 @@ PatchEmbedImpl::PatchEmbedImpl(const ModelConfig& config) : patch_size(config.pa
       "proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(config.in_chans, config.embed_dim, config.patch_size)
                                     .stride(config.patch_size)
                                     .bias(!config.pre_norm)));
+  if (config.embed_norm_layer) {
+    norm = register_module("norm", Norm(config.embed_dim, *config.embed_norm_layer, config.layer_norm_eps));
+  }
 }
 
 torch::Tensor PatchEmbedImpl::forward(const torch::Tensor& x) {
+  auto tokens = project(x);  // (B, gh*gw, D)
+  return norm ? norm->forward(tokens) : tokens;
+}
+
+torch::Tensor PatchEmbedImpl::project(const torch::Tensor& x) {
   if (x.device().is_cpu()) {
     // A stride-P P x P convolution is a linear layer over the flattened patches: on the CPU that goes through the
     // fast sgemm instead of im2col plus the reference BLAS (the conv weight (D, C, P, P) is viewed as (D, C*P*P)).
@@ -166,15 +193,12 @@ AttentionImpl::AttentionImpl(const ModelConfig& config)
     v_proj = register_module("v_proj", Linear(dim, dim, config.qkv_bias));
   }
   if (config.qk_norm) {
-    auto options = torch::nn::LayerNormOptions({head_dim}).eps(config.layer_norm_eps);
-    q_norm = register_module("q_norm", torch::nn::LayerNorm(options));
-    k_norm = register_module("k_norm", torch::nn::LayerNorm(options));
+    q_norm = register_module("q_norm", make_norm(config, head_dim));
+    k_norm = register_module("k_norm", make_norm(config, head_dim));
   }
-  if (config.scale_attn_inner) {
-    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)));
-  }
+  if (config.scale_attn_inner) norm = register_module("norm", make_norm(config, dim));
   rope_rotate_half = config.rope_rotate_half;
-  proj = register_module("proj", Linear(dim, dim));
+  proj = register_module("proj", Linear(dim, dim, config.proj_bias));
   if (config.rel_pos_bias) {
     const int64_t entries = (2 * trained_grid[0] - 1) * (2 * trained_grid[1] - 1) + (prefix_tokens > 0 ? 3 : 0);
     relative_position_bias_table =
@@ -272,22 +296,23 @@ torch::Tensor activation(const torch::Tensor& x, Activation act) {
       return x * torch::sigmoid(1.702 * x);  // timm's quick_gelu (OpenAI CLIP)
     case Activation::gelu_tanh:
       return torch::gelu(x, "tanh");
+    case Activation::silu:
+      return torch::silu(x);
   }
   throw std::logic_error("unknown activation");
 }
 
-MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act, MlpKind kind, double norm_eps)
+MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act, MlpKind kind, const ModelConfig* inner_norm,
+                 bool bias)
     : drop(drop), act(act), kind(kind) {
   if (kind == MlpKind::swiglu_split) {
-    fc1_g = register_module("fc1_g", Linear(dim, hidden));
-    fc1_x = register_module("fc1_x", Linear(dim, hidden));
+    fc1_g = register_module("fc1_g", Linear(dim, hidden, bias));
+    fc1_x = register_module("fc1_x", Linear(dim, hidden, bias));
   } else {
-    fc1 = register_module("fc1", Linear(dim, kind == MlpKind::swiglu_packed ? 2 * hidden : hidden));
+    fc1 = register_module("fc1", Linear(dim, kind == MlpKind::swiglu_packed ? 2 * hidden : hidden, bias));
   }
-  if (norm_eps > 0.0) {
-    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}).eps(norm_eps)));
-  }
-  fc2 = register_module("fc2", Linear(hidden, dim));
+  if (inner_norm != nullptr) norm = register_module("norm", make_norm(*inner_norm, hidden));
+  fc2 = register_module("fc2", Linear(hidden, dim, bias));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -298,11 +323,11 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
       break;
     case MlpKind::swiglu_packed: {
       const auto parts = fc1->forward(x).chunk(2, -1);  // gate rows first (timm's GluMlp, gate_last false)
-      h = torch::silu(parts[0]) * parts[1];
+      h = activation(parts[0], act) * parts[1];
       break;
     }
     case MlpKind::swiglu_split:
-      h = torch::silu(fc1_g->forward(x)) * fc1_x->forward(x);
+      h = activation(fc1_g->forward(x), act) * fc1_x->forward(x);
       break;
   }
   if (drop > 0.0 && is_training()) h = torch::dropout(h, /*p=*/drop, /*train=*/true);
@@ -318,18 +343,17 @@ LayerScaleImpl::LayerScaleImpl(int64_t dim, double init_value) {
 
 BlockImpl::BlockImpl(const ModelConfig& config, double drop_path_rate) : drop_path_rate(drop_path_rate) {
   const int64_t dim = config.embed_dim;
-  auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)); };
   const bool eva = config.model_class == ModelClass::eva;
-  norm1 = register_module("norm1", ln());
+  norm1 = register_module("norm1", make_norm(config, dim));
   attn = register_module("attn", Attention(config));
   if (config.init_values && !eva) ls1 = register_module("ls1", LayerScale(dim, *config.init_values));
   if (config.init_values && eva) gamma_1 = register_parameter("gamma_1", torch::full({dim}, *config.init_values));
-  norm2 = register_module("norm2", ln());
-  const MlpKind kind = !config.swiglu_mlp      ? MlpKind::plain
+  norm2 = register_module("norm2", make_norm(config, dim));
+  const MlpKind kind = !config.gated_mlp()     ? MlpKind::plain
                        : config.swiglu_split() ? MlpKind::swiglu_split
                                                : MlpKind::swiglu_packed;
-  mlp = register_module("mlp", Mlp(dim, config.mlp_hidden(), config.proj_drop_rate, config.act_layer, kind,
-                                   config.scale_mlp ? config.layer_norm_eps : 0.0));
+  mlp = register_module("mlp", Mlp(dim, config.mlp_hidden(), config.proj_drop_rate, config.gate_activation(), kind,
+                                   config.scale_mlp ? &config : nullptr, config.proj_bias));
   if (config.init_values && !eva) ls2 = register_module("ls2", LayerScale(dim, *config.init_values));
   if (config.init_values && eva && !config.attn_only_layer_scale) {
     gamma_2 = register_parameter("gamma_2", torch::full({dim}, *config.init_values));
@@ -339,7 +363,10 @@ BlockImpl::BlockImpl(const ModelConfig& config, double drop_path_rate) : drop_pa
 
 std::string BlockImpl::fused_refusal() const {
   if (rotary) return "rotary position embeddings (use_rot_pos_emb)";
-  if (mlp->kind != MlpKind::plain) return "swiglu_mlp";
+  if (mlp->kind != MlpKind::plain) return "a SwiGLU MLP";
+  if (norm1->kind != NormLayer::layernorm) return "norm_layer rmsnorm";
+  if (!attn->proj->bias.defined()) return "proj_bias false";
+  if (mlp->act == Activation::silu) return "act_layer silu";
   if (mlp->norm) return "scale_mlp";
   if (attn->norm) return "scale_attn_inner";
   if (!attn->plain_qkv()) return "Eva's q_bias / v_bias or q_proj / k_proj / v_proj";
@@ -370,7 +397,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> 
         // Drawn in the order the per-operator path draws them (after attention, after the MLP): same seed, same drops.
         const auto keep1 = drop_path_keep(B, drop_path_rate, is_training(), x.options());
         const auto keep2 = drop_path_keep(B, drop_path_rate, is_training(), x.options());
-        const BlockShape shape{attn->num_heads, attn->scale, norm1->options.eps(), mlp->act};
+        const BlockShape shape{attn->num_heads, attn->scale, norm1->eps, mlp->act};
         return fused_block(x, parameters, shape, keep1, keep2);
       }
     } else if (!refusal.empty() && fused_block_enabled() && cpu_kernels_available() && x.device().is_cpu() &&
@@ -399,7 +426,7 @@ AttentionPoolImpl::AttentionPoolImpl(const ModelConfig& config)
   q = register_module("q", Linear(dim, dim));
   kv = register_module("kv", Linear(dim, 2 * dim));
   proj = register_module("proj", Linear(dim, dim));
-  norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)));
+  norm = register_module("norm", make_norm(config, dim));
   mlp = register_module("mlp", Mlp(dim, config.pool_hidden(), 0.0, config.act_layer));
 }
 
@@ -431,7 +458,7 @@ VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config, Init ini
     pos_embed = register_parameter("pos_embed", torch::zeros({1, patches + config.pos_embed_prefix(), dim}));
   }
   if (config.use_rot_pos_emb) rope = register_module("rope", RotaryEmbedding(config));
-  auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(config.layer_norm_eps)); };
+  auto ln = [&] { return make_norm(config, dim); };
   if (config.pre_norm) norm_pre = register_module("norm_pre", ln());
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.depth; ++i) {
@@ -465,9 +492,9 @@ void VisionTransformerImpl::reset_parameters() {
     if (auto* dense = module->as<Linear>()) {
       trunc_normal_(dense->weight, 0.02);
       if (dense->bias.defined()) dense->bias.zero_();
-    } else if (auto* layer_norm = module->as<torch::nn::LayerNorm>()) {
+    } else if (auto* layer_norm = module->as<Norm>()) {
       layer_norm->weight.fill_(1.0);
-      layer_norm->bias.zero_();
+      if (layer_norm->bias.defined()) layer_norm->bias.zero_();
     } else if (auto* attention = module->as<Attention>()) {
       if (attention->relative_position_bias_table.defined()) attention->relative_position_bias_table.zero_();
       if (attention->q_bias.defined()) attention->q_bias.zero_(), attention->v_bias.zero_();
@@ -568,7 +595,7 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
     // of 3, 2 threads). In float32 a chunk keeps at least 2 x embed_dim rows, so that each block's weights are read
     // for enough rows: ViT-B/16 in 3-image chunks lost 3%, in 8-image ones it runs as unchunked; ViT-S/16 as before.
     const int64_t N = tokens.size(1);
-    const int64_t hidden = config_.mlp_hidden() * (config_.swiglu_mlp ? 2 : 1);
+    const int64_t hidden = config_.mlp_hidden() * (config_.gated_mlp() ? 2 : 1);
     int64_t per_chunk = std::max<int64_t>(1, (int64_t{8} << 20) / (N * hidden * 4));
     if (precision_ == Precision::fp32) per_chunk = std::max(per_chunk, (2 * config_.embed_dim + N - 1) / N);
     std::vector<torch::Tensor> chunks;

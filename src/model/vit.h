@@ -9,7 +9,8 @@
 // position embedding covers the patches only, added before the prefix tokens are prepended), pre_norm (norm_pre
 // after the embedding, a patch embedding without bias), qk_norm (q_norm, k_norm over each head), act_layer,
 // final_norm and fc_norm (where the last norm sits), global_pool "map" (attn_pool: one learned latent query attends
-// over the patch tokens, then proj, and a residual MLP behind a norm).
+// over the patch tokens, then proj, and a residual MLP behind a norm), and AIMv2's and DINOv2 giant's: norm_layer
+// rmsnorm, embed_norm_layer (patch_embed.norm), proj_bias false, mlp_layer swiglu / swiglu_packed.
 //
 // With model_class eva the same modules take timm's Eva names and options: rotary embeddings on the patch tokens'
 // queries and keys (rope, model/rope.h), no learned pos_embed (use_abs_pos_emb false), q_bias / v_bias or
@@ -59,6 +60,19 @@ struct LinearImpl : torch::nn::Module {
 };
 TORCH_MODULE(Linear);
 
+// timm's LayerNorm or RmsNorm over the last dim (norm_layer), under nn.LayerNorm's parameter names: weight, and bias
+// for LayerNorm only.
+struct NormImpl : torch::nn::Module {
+  NormImpl(int64_t dim, NormLayer kind, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;  // (dim)
+  torch::Tensor bias;    // (dim), undefined for rmsnorm
+  NormLayer kind;
+  double eps;
+};
+TORCH_MODULE(Norm);
+
 // Whether a new model draws its initial weights (training) or leaves them uninitialised because a file's weights
 // are about to be copied in (model_file's load_model): skipping the draws saves ~0.5 s for ViT-B/16.
 enum class Init { random, none };
@@ -66,8 +80,10 @@ enum class Init { random, none };
 struct PatchEmbedImpl : torch::nn::Module {
   explicit PatchEmbedImpl(const ModelConfig& config);
   torch::Tensor forward(const torch::Tensor& x);  // (B, C, H, W) -> (B, gh*gw, D)
+  torch::Tensor project(const torch::Tensor& x);  // the same before norm
 
   torch::nn::Conv2d proj{nullptr};  // bias unless pre_norm, as timm
+  Norm norm{nullptr};               // on the tokens, with embed_norm_layer
   int64_t patch_size;
   std::shared_ptr<PackedLinear> packed;  // proj as a product over flattened patches in reduced precision, or null
 };
@@ -109,8 +125,8 @@ struct AttentionImpl : torch::nn::Module {
   Linear qkv{nullptr}, proj{nullptr};
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};  // qkv_fused false (Eva)
   torch::Tensor q_bias, v_bias;  // Eva's qkv bias (ModelConfig::eva_qkv_bias): the key's is zero and not stored
-  torch::nn::LayerNorm q_norm{nullptr}, k_norm{nullptr};  // over hd, only with qk_norm
-  torch::nn::LayerNorm norm{nullptr};                     // over the merged heads, only with scale_attn_inner
+  Norm q_norm{nullptr}, k_norm{nullptr};  // over hd, only with qk_norm
+  Norm norm{nullptr};                     // over the merged heads, only with scale_attn_inner
   bool rope_rotate_half = false;
   torch::Tensor relative_position_bias_table;  // ((2gh-1)(2gw-1) [+3 with prefix tokens], nh) when rel_pos_bias
   int64_t num_heads, head_dim;
@@ -126,20 +142,20 @@ TORCH_MODULE(Attention);
 // The MLP activation of act_layer, elementwise.
 torch::Tensor activation(const torch::Tensor& x, Activation act);
 
-// The MLP's form: fc1, act, fc2 (timm's Mlp); SwiGLU with one packed fc1 of gate then value rows (timm's GluMlp with
-// SiLU, gate first); SwiGLU with separate fc1_g and fc1_x (timm's SwiGLU).
+// The MLP's form: fc1, act, fc2 (timm's Mlp); SwiGLU with one packed fc1 of gate then value rows (timm's GluMlp,
+// gate first); SwiGLU with separate fc1_g and fc1_x (timm's SwiGLU). A SwiGLU's act is its gate's.
 enum class MlpKind { plain, swiglu_packed, swiglu_split };
 
 struct MlpImpl : torch::nn::Module {
-  // hidden: the activation's width (a packed SwiGLU's fc1 has twice as many rows). norm_eps > 0: a LayerNorm on the
-  // hidden activations before fc2 (mlp.norm).
+  // hidden: the activation's width (a packed SwiGLU's fc1 has twice as many rows). inner_norm: a norm on the hidden
+  // activations before fc2 (mlp.norm), of the model's norm_layer and epsilon. bias: on fc1 (fc1_g, fc1_x) and fc2.
   MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act = Activation::gelu, MlpKind kind = MlpKind::plain,
-          double norm_eps = 0.0);
+          const ModelConfig* inner_norm = nullptr, bool bias = true);
   torch::Tensor forward(const torch::Tensor& x);
 
   Linear fc1{nullptr}, fc2{nullptr};
   Linear fc1_g{nullptr}, fc1_x{nullptr};  // swiglu_split
-  torch::nn::LayerNorm norm{nullptr};
+  Norm norm{nullptr};
   double drop;
   Activation act;
   MlpKind kind;
@@ -155,7 +171,7 @@ struct AttentionPoolImpl : torch::nn::Module {
 
   torch::Tensor latent;  // (1, 1, D)
   Linear q{nullptr}, kv{nullptr}, proj{nullptr};
-  torch::nn::LayerNorm norm{nullptr};
+  Norm norm{nullptr};
   Mlp mlp{nullptr};
   int64_t num_heads, head_dim;
   double scale;
@@ -179,7 +195,7 @@ struct BlockImpl : torch::nn::Module {
   // The option that keeps this block off the fused path ("qk_norm", ...), or empty when it is covered.
   std::string fused_refusal() const;
 
-  torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  Norm norm1{nullptr}, norm2{nullptr};
   Attention attn{nullptr};
   Mlp mlp{nullptr};
   LayerScale ls1{nullptr}, ls2{nullptr};  // only when init_values is set (VisionTransformer's names)
@@ -240,11 +256,11 @@ struct VisionTransformerImpl : torch::nn::Module {
   torch::Tensor reg_token;  // (1, reg_tokens, D), with reg_tokens > 0
   torch::Tensor pos_embed;  // (1, pos_embed_prefix + gh*gw, D), with use_abs_pos_emb
   RotaryEmbedding rope{nullptr};           // with use_rot_pos_emb
-  torch::nn::LayerNorm norm_pre{nullptr};  // with pre_norm
+  Norm norm_pre{nullptr};                  // with pre_norm
   torch::nn::ModuleList blocks{nullptr};
-  torch::nn::LayerNorm norm{nullptr};     // final norm on every token (final_norm, not use_fc_norm)
+  Norm norm{nullptr};                     // final norm on every token (final_norm, not use_fc_norm)
   AttentionPool attn_pool{nullptr};       // global_pool "map"
-  torch::nn::LayerNorm fc_norm{nullptr};  // norm after pooling (final_norm and use_fc_norm)
+  Norm fc_norm{nullptr};                  // norm after pooling (final_norm and use_fc_norm)
   Linear head{nullptr};                   // absent when num_classes == 0
 
  private:
