@@ -7,9 +7,9 @@ deit) and Eva's (eva: EVA-02, DINOv3, RoPE-ViT, Perception Encoder; "model_class
 
 Each architecture's constructor arguments are read from timm's own registry (its model function is called with
 _create_vision_transformer intercepted, so nothing is built) and its input size from its default pretrained config.
-Architectures that need what vit lacks (parallel blocks, differential attention, distillation tokens, norms inside
-VisionTransformer's attention and MLP, Eva's post-norm blocks and grouped-query attention, an input size that is not
-a whole number of patches) are left out. tests/test_interop.cpp (TimmPresets) checks the table against the installed timm.
+Architectures that need what vit lacks (parallel blocks, differential attention, distillation tokens, an input size
+that is not a whole number of patches) are left out. tests/test_interop.cpp (TimmPresets) checks the table against
+the installed timm.
 """
 import json
 import sys
@@ -26,13 +26,16 @@ SAME = ["patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias"
         "no_embed_class", "pre_norm", "global_pool", "final_norm", "fc_norm", "qk_norm", "init_values", "proj_bias"]
 # act_layer as a name or a class -> vit's act_layer (timm's default, GELU, is vit's).
 ACTIVATIONS = {"gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": "silu", "SiLU": "silu"}
+# VisionTransformer's arguments that vit spells as Eva does.
+RENAMED = {"scale_attn_norm": "scale_attn_inner", "scale_mlp_norm": "scale_mlp"}
 IGNORED = {"img_size", "dynamic_img_size"}  # the size comes from the pretrained config; vit runs any size
 # Eva's arguments under the same name in vit, and those vit spells otherwise.
 EVA_SAME = ["patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "qkv_fused", "qk_norm",
             "swiglu_mlp", "swiglu_align_to", "scale_mlp", "scale_attn_inner", "attn_type", "init_values",
             "attn_only_layer_scale", "class_token", "no_embed_class", "use_abs_pos_emb", "use_rot_pos_emb",
             "rope_type", "rope_grid_offset", "rope_grid_indexing", "rope_temperature", "rope_rotate_half",
-            "global_pool", "attn_pool_num_heads", "attn_pool_mlp_ratio"]
+            "global_pool", "attn_pool_num_heads", "attn_pool_mlp_ratio", "use_post_norm", "num_kv_heads",
+            "rope_shift_coords", "rope_jitter_coords", "rope_rescale_coords"]
 EVA_RENAMED = {"num_reg_tokens": "reg_tokens", "use_pre_transformer_norm": "pre_norm"}
 
 
@@ -138,6 +141,8 @@ def vit_model_section(kwargs, input_size):
     for key, value in kwargs.items():
         if key in SAME:
             section[key] = value
+        elif key in RENAMED:
+            section[RENAMED[key]] = value
         elif key == "act_layer":
             if activation_name(value) is None:
                 return None

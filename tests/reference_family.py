@@ -21,7 +21,8 @@
       and read back with eager attention. For each size i, --ref holds "pixels.i" (2 random images), "logits.i" (the
       pooler output: the class token after the final norm) and "attn.i.b" (block b's attention probabilities).
   shapes NAMES_FILE --out FILE
-      For each architecture name (one per line), timm's model at depth 1 on the meta device: its state-dict shapes,
+      For each architecture name (one per line, optionally followed by the one block's num_kv_heads), timm's model at
+      depth 1 on the meta device: its state-dict shapes,
       norms' kinds and epsilon, MLP activation, input size and prefix-token count, as JSON.
 """
 import argparse
@@ -152,11 +153,12 @@ def shapes(a):
     import timm
 
     with open(a.names) as f:
-        names = [line.strip() for line in f if line.strip()]
+        names = [line.split() for line in f if line.strip()]
     out = {}
-    for name in names:
+    for name, *kv_heads in names:
+        extra = {"num_kv_heads": int(kv_heads[0])} if kv_heads else {}
         with torch.device("meta"):
-            model = timm.create_model(name, pretrained=False, depth=1)
+            model = timm.create_model(name, pretrained=False, depth=1, **extra)
         norms = [m for m in model.modules() if type(m).__name__ in ("LayerNorm", "RmsNorm")]
         act = model.blocks[0].mlp.act
         act_name = {"GELU": "gelu", "QuickGELU": "quick_gelu", "GELUTanh": "gelu_tanh", "SiLU": "silu"}.get(

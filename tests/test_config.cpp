@@ -133,7 +133,8 @@ const char* const kEveryKey = R"({
             "rope_grid_offset": 1.0, "rope_grid_indexing": "xy", "rope_rotate_half": true, "ref_feat_shape": [8, 12],
             "attn_type": "rope", "qkv_fused": false, "swiglu_mlp": true, "swiglu_align_to": 8, "scale_mlp": true,
             "scale_attn_inner": true, "attn_only_layer_scale": true, "norm_layer": "rmsnorm",
-            "embed_norm_layer": "layernorm", "proj_bias": false},
+            "embed_norm_layer": "layernorm", "proj_bias": false, "num_kv_heads": [2, 4, 1],
+            "rope_shift_coords": 0.5, "rope_jitter_coords": 1.5, "rope_rescale_coords": 2.0},
   "data": {"mean": [0.25], "std": [0.75], "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "squash", "crop_offset": "floor",
            "format": "csv", "root": "r", "train_dir": "td", "val_dir": "vd", "test_dir": "sd", "train_csv": "t.csv",
            "val_csv": "v.csv", "test_csv": "s.csv", "train_shards": "t-{0..3}.tar", "val_shards": "v.tar",
@@ -166,14 +167,16 @@ std::vector<std::string> leaf_keys(const json& j, const std::string& prefix = ""
   return keys;
 }
 
-// The keys of one timm class that the other refuses (validate), with non-default values in a model of their class.
+// Keys that validate refuses beside others of the document above, with non-default values in a model they fit:
+// VisionTransformer's MLP form, Eva's post-norm blocks (no qk_norm, LayerScale or grouped-query attention).
 const char* const kOtherClassKeys = R"({"model": {"mlp_layer": "swiglu_packed", "act_layer": "silu"}})";
+const char* const kPostNormKeys = R"({"model": {"model_class": "eva", "use_post_norm": true}})";
 
 TEST(ConfigRoundTrip, EveryKeyWithANonDefaultValueSurvivesToJson) {
   const Config default_config;
   const json defaults = to_json(default_config);
   std::set<std::string> covered;
-  for (const char* document : {kEveryKey, kOtherClassKeys}) {
+  for (const char* document : {kEveryKey, kOtherClassKeys, kPostNormKeys}) {
     const json written = json::parse(document);
     const json back = to_json(parse_config(written, "every-key.json"));
     // Non-default: every value differs from the default config's (else a dropped field would go unnoticed), and

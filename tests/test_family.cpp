@@ -6,6 +6,7 @@
 // tests/reference_family.py, run by the project's reference Python (skips with the reason where it is missing).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -181,7 +182,19 @@ INSTANTIATE_TEST_SUITE_P(
         // DINOv2 giant: SwiGLUPacked (one fc1 of int(D x mlp_ratio) rows, gates first) with SiLU, LayerScale; the
         // width is tiny's, even as SwiGLUPacked needs.
         FamilyCase{"dinov2_giant", "vit_giant_patch14_reg4_dinov2",
-                   tiny(R"("img_size": 28, "dynamic_img_size": true, "mlp_ratio": 5.3125)"), "28x28,56x42,42x42"}),
+                   tiny(R"("img_size": 28, "dynamic_img_size": true, "mlp_ratio": 5.3125)"), "28x28,56x42,42x42"},
+        // BEiT-3 (timm's VisionTransformer): scale_attn_norm and scale_mlp_norm (attn.norm, mlp.norm), LayerNorm eps
+        // 1e-5, average pooling beside a class token.
+        FamilyCase{"beit3", "beit3_base_patch16_224", tiny(R"("img_size": 32, "dynamic_img_size": true)"),
+                   "32x32,48x64,64x64"},
+        // EVA-02 CLIP enormous: residual post-norm blocks (x + norm1(attn(x))), class token.
+        FamilyCase{"eva02_post_norm", "eva02_enormous_patch14_clip_224",
+                   tiny(R"("img_size": 28, "dynamic_img_size": true)"), "28x28,42x56,56x56"},
+        // Sapiens2: grouped-query attention in the second block (2 key/value heads for 4), AttentionRope's three
+        // biases, qk_norm, RmsNorm, 8 registers, DINOv3 rotary (its training-time rescaling off in evaluation).
+        FamilyCase{"sapiens2", "vit_base_patch16_sapiens2",
+                   tiny(R"("img_size": [32, 48], "dynamic_img_size": true, "num_kv_heads": [4, 2])"),
+                   "32x48,48x32,64x64"}),
     [](const auto& info) { return info.param.name; });
 
 // DINOv3 in transformers' own layout (DINOv3ViTModel.save_pretrained): a random two-block model, every weight
@@ -247,7 +260,13 @@ TEST(TimmPresets, EveryPresetHasTimmsShapesNormsActivationAndSize) {
   TempDir dir;
   {
     std::ofstream names(dir / "names.txt");
-    for (const auto& arch : kTimmArchitectures) names << arch.name << "\n";
+    // At depth 1 a per-block num_kv_heads becomes its grouped value (the fewest heads), for timm as here.
+    for (const auto& arch : kTimmArchitectures) {
+      const auto kv = model_preset(arch.name).num_kv_heads;
+      names << arch.name;
+      if (kv.size() > 1) names << " " << *std::min_element(kv.begin(), kv.end());
+      names << "\n";
+    }
   }
   run_python("reference_family.py", "shapes " + test::quoted(dir / "names.txt") + " --out " +
                                         test::quoted(dir / "shapes.json"));
@@ -259,6 +278,7 @@ TEST(TimmPresets, EveryPresetHasTimmsShapesNormsActivationAndSize) {
     const auto& theirs = timm[arch.name];
     ModelConfig m = model_preset(arch.name);
     m.depth = 1;
+    if (m.num_kv_heads.size() > 1) m.num_kv_heads = {*std::min_element(m.num_kv_heads.begin(), m.num_kv_heads.end())};
     const auto& state = theirs["state"];
     m.num_classes = state.contains("head.weight") ? state["head.weight"][0].get<int64_t>() : 0;
     EXPECT_EQ(theirs["img_size"], nlohmann::json::array({m.img_h, m.img_w}));
@@ -278,6 +298,41 @@ TEST(TimmPresets, EveryPresetHasTimmsShapesNormsActivationAndSize) {
   }
   std::cout << "checked " << checked << " timm architectures\n";
   EXPECT_GE(checked, 100);
+}
+
+// The rotary grid's training-time augmentations (rope_shift_coords, rope_jitter_coords, rope_rescale_coords, timm's
+// _apply_coord_augs): in training one shift per axis within [-s, s], one scale per axis within [1/j, j] and one shared
+// scale within [1/r, r], drawn anew each time; in evaluation the coordinates and the table are the plain ones.
+TEST(RotaryAugmentation, ShiftsAndScalesTheGridInTrainingOnly) {
+  ModelConfig m;
+  m.model_class = ModelClass::eva, m.embed_dim = 64, m.num_heads = 4, m.use_rot_pos_emb = true;
+  m.use_abs_pos_emb = false, m.rope_type = RopeType::dinov3, m.rope_temperature = 100.0;
+  const ModelConfig plain = m;
+  const auto coords = torch::rand({12, 2}) * 2 - 1;  // (Np, 2)
+  auto check = [&](void (*set)(ModelConfig&), const char* what) {
+    SCOPED_TRACE(what);
+    ModelConfig augmented = m;
+    set(augmented);
+    RotaryEmbedding rope(augmented), reference(plain);
+    rope->eval();
+    EXPECT_TRUE(torch::equal(rope->augment(coords), coords));
+    EXPECT_TRUE(torch::equal(rope->embed({3, 4}), reference->embed({3, 4})));
+    rope->train();
+    const auto once = rope->augment(coords), twice = rope->augment(coords);
+    EXPECT_FALSE(torch::equal(once, twice)) << "one draw per call";
+    return once;
+  };
+  const auto shifted = check([](ModelConfig& c) { c.rope_shift_coords = 0.5; }, "shift") - coords;  // (Np, 2)
+  EXPECT_LT((shifted - shifted[0]).abs().max().item<double>(), 1e-6) << "one shift per axis for every position";
+  EXPECT_LE(shifted.abs().max().item<double>(), 0.5 + 1e-6);
+  const auto jittered = check([](ModelConfig& c) { c.rope_jitter_coords = 1.5; }, "jitter") / coords;
+  EXPECT_LT((jittered - jittered[0]).abs().max().item<double>(), 1e-4) << "one scale per axis";
+  EXPECT_GE(jittered.min().item<double>(), 1 / 1.5 - 1e-6);
+  EXPECT_LE(jittered.max().item<double>(), 1.5 + 1e-6);
+  const auto rescaled = check([](ModelConfig& c) { c.rope_rescale_coords = 2.0; }, "rescale") / coords;
+  EXPECT_LT((rescaled - rescaled[0][0]).abs().max().item<double>(), 1e-4) << "one scale for both axes";
+  EXPECT_GE(rescaled.min().item<double>(), 0.5 - 1e-6);
+  EXPECT_LE(rescaled.max().item<double>(), 2.0 + 1e-6);
 }
 
 // Small versions of the family's options, all at once and one by one: every parameter gets a gradient (a tensor the
@@ -346,6 +401,21 @@ TEST(FamilyModel, EveryParameterLearnsAndIsCounted) {
     ModelConfig m = base();
     m.mlp_layer = MlpLayer::swiglu_packed, m.act_layer = Activation::silu, m.mlp_ratio = 5.0, m.init_values = 0.1;
     m.embed_norm_layer = NormLayer::layernorm, m.global_pool = GlobalPool::map, m.class_token = false;
+    configs.push_back(m);
+  }
+  // Eva's post-norm blocks; Sapiens2's grouped-query attention (one key/value head for four, then two) with qk_norm,
+  // DINOv3 rotary and its training-time coordinate augmentations.
+  {
+    ModelConfig m = base();
+    m.model_class = ModelClass::eva, m.use_post_norm = true, m.use_rot_pos_emb = true;
+    configs.push_back(m);
+  }
+  {
+    ModelConfig m = base();
+    m.model_class = ModelClass::eva, m.attn_type = AttnType::rope, m.qkv_fused = false, m.num_kv_heads = {1, 2};
+    m.qk_norm = true, m.use_abs_pos_emb = false, m.use_rot_pos_emb = true, m.rope_type = RopeType::dinov3;
+    m.rope_shift_coords = 0.5, m.rope_jitter_coords = 1.5, m.rope_rescale_coords = 2.0,
+    m.norm_layer = NormLayer::rmsnorm;
     configs.push_back(m);
   }
   torch::manual_seed(0);

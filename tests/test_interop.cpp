@@ -438,9 +438,9 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
   EXPECT_NE(refusal("parallel", R"({"architecture": "vit_base_patch16_xp_224.untrained", "num_classes": 0})")
                 .find("needs parallel or residual-post-norm blocks"),
             std::string::npos);
-  EXPECT_NE(refusal("scale_norm", R"({"architecture": "vit_small_patch16_224",
-                                      "model_args": {"scale_attn_norm": true}})")
-                .find("model_args.scale_attn_norm = true is not supported"),
+  EXPECT_NE(refusal("attn_layer", R"({"architecture": "vit_small_patch16_224",
+                                      "model_args": {"attn_layer": "diff"}})")
+                .find("model_args.attn_layer = \"diff\" is not supported"),
             std::string::npos);
   EXPECT_NE(refusal("act", R"({"architecture": "vit_small_patch16_224", "model_args": {"act_layer": "relu"}})")
                 .find("model_args.act_layer: \"relu\" is not one of: gelu, quick_gelu, gelu_tanh, silu"),
@@ -476,10 +476,13 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
   EXPECT_NE(refusal("gelu", R"({"model_type": "vit", "hidden_act": "gelu_new"})").find("hidden_act \"gelu_new\""),
             std::string::npos);
   // timm's Eva class: what it lacks by name; DINOv3 in transformers' layout: the biases and MLPs it can hold.
-  EXPECT_NE(refusal("sapiens", R"({"architecture": "vit_base_patch16_sapiens2"})").find("RMSNorm or grouped-query"),
+  EXPECT_NE(refusal("mrope", R"({"architecture": "vit_small_patch16_rope_224",
+                                 "model_args": {"rope_mrope_section": [8, 8]}})")
+                .find("model_args.rope_mrope_section = [8,8] is not supported"),
             std::string::npos);
+  // Grouped-query attention needs AttentionRope's separate projections (timm asserts the same).
   EXPECT_NE(refusal("kv_heads", R"({"architecture": "vit_small_patch16_rope_224", "model_args": {"num_kv_heads": 2}})")
-                .find("model_args.num_kv_heads = 2 is not supported"),
+                .find("model.num_kv_heads: grouped-query attention needs attn_type \"rope\" and qkv_fused false"),
             std::string::npos);
   EXPECT_NE(refusal("dinov3_bias", R"({"model_type": "dinov3_vit", "query_bias": false})")
                 .find("query_bias false, key_bias false, value_bias true is not supported"),
@@ -491,7 +494,8 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
   EXPECT_EQ(dinov3.model.model_class, ModelClass::eva);
   EXPECT_EQ(dinov3.model.rope_type, RopeType::dinov3);
   EXPECT_EQ(dinov3.preprocess.mean, (std::vector<double>{0.485, 0.456, 0.406}));  // DINOv3ViTImageProcessor's
-  EXPECT_NE(dinov3.sources[0].second.find("pos_embed_rescale"), std::string::npos) << dinov3.sources[0].second;
+  EXPECT_EQ(dinov3.model.rope_rescale_coords, 2.0);  // pos_embed_rescale's default, applied in training only
+  EXPECT_FALSE(dinov3.model.rope_shift_coords.has_value());
   EXPECT_NE(refusal("empty", R"({"foo": 1})").find("neither a timm config"), std::string::npos);
   EXPECT_NE(error_of([&] { load_model(dir.path()); }).find("without config.json"), std::string::npos);
 }

@@ -132,6 +132,17 @@ std::vector<Variant> variants() {
   giant.mlp_layer = MlpLayer::swiglu_packed, giant.act_layer = Activation::silu, giant.mlp_ratio = 16.0 / 3.0;
   giant.init_values = 0.1, giant.reg_tokens = 2, giant.no_embed_class = true;
   list.push_back({"giant_swiglu_packed", giant});
+  // Sapiens2's grouped-query attention (2 key/value heads for 4 in the second block), AttentionRope's biases, qk_norm
+  // and RmsNorm, DINOv3 rotary; EVA-02 CLIP enormous's post-norm blocks.
+  auto sapiens = base();
+  sapiens.model_class = ModelClass::eva, sapiens.attn_type = AttnType::rope, sapiens.qkv_fused = false;
+  sapiens.num_kv_heads = {4, 2}, sapiens.qk_norm = true, sapiens.norm_layer = NormLayer::rmsnorm;
+  sapiens.use_abs_pos_emb = false, sapiens.use_rot_pos_emb = true, sapiens.rope_type = RopeType::dinov3;
+  sapiens.rope_rotate_half = true, sapiens.reg_tokens = 2, sapiens.swiglu_mlp = true;
+  list.push_back({"sapiens2_grouped_query", sapiens});
+  auto post = base();
+  post.model_class = ModelClass::eva, post.use_post_norm = true, post.use_rot_pos_emb = true;
+  list.push_back({"eva_post_norm", post});
   return list;
 }
 
@@ -311,6 +322,7 @@ std::vector<SizedVariant> sized_variants() {
   list.push_back({"eva_rope_mixed_map", find("eva_rope_mixed_map"), square});
   list.push_back({"dinov3_rope", find("dinov3_rope"), {{16, 24}, {32, 20}, {8, 8}}});
   list.push_back({"aimv2_rmsnorm_swiglu", find("aimv2_rmsnorm_swiglu"), square});
+  list.push_back({"sapiens2_grouped_query", find("sapiens2_grouped_query"), square});
   return list;
 }
 

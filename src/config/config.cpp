@@ -103,6 +103,23 @@ class Section {
       out = v->get<std::string>();
     }
   }
+  // Key/value heads per block: null (none given: empty), one integer (every block), or one per block.
+  void read(const std::string& key, std::vector<int64_t>& out) {
+    if (const json* v = take(key)) {
+      const std::string what = show(*v) + " is not an integer, an array of integers or null";
+      out.clear();
+      if (v->is_number_integer()) {
+        out.push_back(v->get<int64_t>());
+      } else if (v->is_array()) {
+        for (const auto& item : *v) {
+          if (!item.is_number_integer()) fail(source_, path(key), what);
+          out.push_back(item.get<int64_t>());
+        }
+      } else if (!v->is_null()) {
+        fail(source_, path(key), what);
+      }
+    }
+  }
   void read(const std::string& key, std::vector<double>& out) {
     if (const json* v = take(key)) {
       if (!v->is_array() || v->empty()) fail(source_, path(key), show(*v) + " is not a non-empty array of numbers");
@@ -271,7 +288,8 @@ void visit_model(Model& m, Visitor& v) {
                    rope_rotate_half);
   v.size("ref_feat_shape", m.ref_feat_h, m.ref_feat_w);
   VIT_VISIT_FIELDS(v, m, attn_type, qkv_fused, swiglu_mlp, swiglu_align_to, scale_mlp, scale_attn_inner,
-                   attn_only_layer_scale, norm_layer, embed_norm_layer, proj_bias, mlp_layer);
+                   attn_only_layer_scale, use_post_norm, rope_shift_coords, rope_jitter_coords, rope_rescale_coords,
+                   num_kv_heads, norm_layer, embed_norm_layer, proj_bias, mlp_layer);
 }
 
 template <typename P, typename Visitor>
@@ -376,6 +394,9 @@ struct Writer {
     } else {
       j[key] = field;
     }
+  }
+  void operator()(const char* key, const std::vector<int64_t>& field) {
+    j[key] = field.empty() ? json(nullptr) : field.size() == 1 ? json(field[0]) : json(field);
   }
   template <typename T>
   void operator()(const char* key, const std::optional<T>& field) {

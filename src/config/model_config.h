@@ -108,9 +108,19 @@ struct ModelConfig {
   bool qkv_fused = true;               // one qkv projection (false: q_proj, k_proj, v_proj)
   bool swiglu_mlp = false;             // SwiGLU MLP: silu(x W_g) * (x W_x), then fc2
   int64_t swiglu_align_to = 0;         // round the SwiGLU hidden width up to a multiple of this (0 = off)
-  bool scale_mlp = false;         // LayerNorm on the MLP's hidden activations (mlp.norm; SwiGLU split as fc1_g, fc1_x)
-  bool scale_attn_inner = false;  // LayerNorm on the merged heads before attn.proj (attn.norm)
+  bool scale_mlp = false;              // a norm on the MLP's hidden activations (mlp.norm; Eva's SwiGLU split as fc1_g,
+                                       // fc1_x); VisionTransformer's scale_mlp_norm
+  bool scale_attn_inner = false;       // a norm on the merged heads before attn.proj (attn.norm); VisionTransformer's
+                                       // scale_attn_norm
   bool attn_only_layer_scale = false;  // LayerScale on the attention branch only (gamma_1, no gamma_2)
+  bool use_post_norm = false;          // residual post-norm blocks: x + norm1(attn(x)), then x + norm2(mlp(x))
+  std::vector<int64_t> num_kv_heads;   // key/value heads (grouped-query attention): one per block, one for all, or none
+  // The rotary grid's training-time augmentations (timm's and DINOv3's), drawn anew for every batch in training mode
+  // and off in evaluation: one random shift of all coordinates, a log-uniform scale per axis, a log-uniform scale for
+  // both axes.
+  std::optional<double> rope_shift_coords;    // shift per axis uniform in [-s, s] (null = off)
+  std::optional<double> rope_jitter_coords;   // scale per axis log-uniform in [1/j, j] (null = off)
+  std::optional<double> rope_rescale_coords;  // one scale log-uniform in [1/r, r] (null = off)
 
   int64_t grid_h() const { return img_h / patch_size; }
   int64_t grid_w() const { return img_w / patch_size; }
@@ -136,6 +146,11 @@ struct ModelConfig {
   // Whether the SwiGLU MLP has separate gate and value projections (fc1_g, fc1_x) rather than one packed fc1.
   bool swiglu_split() const {
     return (swiglu_mlp && (scale_mlp || swiglu_align_to > 0)) || mlp_layer == MlpLayer::swiglu;
+  }
+  // Block `layer`'s key/value heads (num_kv_heads, else num_heads).
+  int64_t kv_heads(int64_t layer) const {
+    if (num_kv_heads.empty()) return num_heads;
+    return num_kv_heads.size() == 1 ? num_kv_heads[0] : num_kv_heads[static_cast<size_t>(layer)];
   }
   // Whether the qkv projection's bias is Eva's q_bias and v_bias (EvaAttention with a fused qkv and qkv_bias).
   bool eva_qkv_bias() const { return model_class == ModelClass::eva && attn_type == AttnType::eva && qkv_bias; }

@@ -1,8 +1,10 @@
 // The checks of a config's values after parsing (config/validate.h): each names its key through the field names.
 #include "config/validate.h"
 
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -96,9 +98,12 @@ void validate(const ModelConfig& m, const std::string& source) {
         {VIT_MODEL_KEY(use_rot_pos_emb), m.use_rot_pos_emb != plain.use_rot_pos_emb},
         {VIT_MODEL_KEY(qkv_fused), m.qkv_fused != plain.qkv_fused},
         {VIT_MODEL_KEY(swiglu_mlp), m.swiglu_mlp != plain.swiglu_mlp},
-        {VIT_MODEL_KEY(scale_mlp), m.scale_mlp != plain.scale_mlp},
-        {VIT_MODEL_KEY(scale_attn_inner), m.scale_attn_inner != plain.scale_attn_inner},
-        {VIT_MODEL_KEY(attn_only_layer_scale), m.attn_only_layer_scale != plain.attn_only_layer_scale}};
+        {VIT_MODEL_KEY(attn_only_layer_scale), m.attn_only_layer_scale != plain.attn_only_layer_scale},
+        {VIT_MODEL_KEY(use_post_norm), m.use_post_norm != plain.use_post_norm},
+        {VIT_MODEL_KEY(num_kv_heads), !m.num_kv_heads.empty()},
+        {VIT_MODEL_KEY(rope_shift_coords), m.rope_shift_coords.has_value()},
+        {VIT_MODEL_KEY(rope_jitter_coords), m.rope_jitter_coords.has_value()},
+        {VIT_MODEL_KEY(rope_rescale_coords), m.rope_rescale_coords.has_value()}};
     for (const auto& [key, set] : eva_only) {
       check(!set, source, key, "is an option of timm's Eva class: it needs model_class \"eva\"");
     }
@@ -122,6 +127,33 @@ void validate(const ModelConfig& m, const std::string& source) {
   check((m.ref_feat_h == 0 && m.ref_feat_w == 0) ||
             (m.ref_feat_h > 0 && m.ref_feat_w > 0 && m.ref_feat_h <= kMaxImageSide && m.ref_feat_w <= kMaxImageSide),
         source, "model.ref_feat_shape", size_text(m.ref_feat_h, m.ref_feat_w) + " must be positive (or 0 for none)");
+  // timm's _coord_aug_config: a shift in the grid's units (>= 0), jitter and rescale as factors (>= 1).
+  for (const auto& [key, value, least] : {std::tuple{VIT_MODEL_KEY(rope_shift_coords), m.rope_shift_coords, 0.0},
+                                          std::tuple{VIT_MODEL_KEY(rope_jitter_coords), m.rope_jitter_coords, 1.0},
+                                          std::tuple{VIT_MODEL_KEY(rope_rescale_coords), m.rope_rescale_coords, 1.0}}) {
+    check(!value || (std::isfinite(*value) && *value >= least), source, key,
+          num(value.value_or(0)) + " must be finite and at least " + num(least) + " (or null for off)");
+  }
+  check(
+      !m.use_post_norm || (!m.qk_norm && !m.attn_only_layer_scale && !m.init_values), source,
+      VIT_MODEL_KEY(use_post_norm),
+      "post-norm blocks have no qk_norm, LayerScale (init_values) or attn_only_layer_scale (timm's EvaBlockPostNorm)");
+  if (!m.num_kv_heads.empty()) {
+    const auto count = static_cast<int64_t>(m.num_kv_heads.size());
+    check(count == 1 || count == m.depth, source, VIT_MODEL_KEY(num_kv_heads),
+          std::to_string(count) + " values for depth " + std::to_string(m.depth) + " (one, or one per block)");
+    bool grouped = false;
+    for (const int64_t heads : m.num_kv_heads) {
+      check(heads >= 1 && heads <= m.num_heads && m.num_heads % heads == 0, source, VIT_MODEL_KEY(num_kv_heads),
+            std::to_string(heads) + " does not divide num_heads " + std::to_string(m.num_heads));
+      grouped = grouped || heads != m.num_heads;
+    }
+    check(!grouped || (m.attn_type == AttnType::rope && !m.qkv_fused && !m.use_post_norm &&
+                       !(m.use_rot_pos_emb && m.rope_type == RopeType::mixed)),
+          source, VIT_MODEL_KEY(num_kv_heads),
+          "grouped-query attention needs attn_type \"rope\" and qkv_fused false, without use_post_norm or rope_type "
+          "\"mixed\" (timm's AttentionRope)");
+  }
   check(m.swiglu_align_to >= 0 && m.swiglu_align_to <= 4096, source, VIT_MODEL_KEY(swiglu_align_to),
         std::to_string(m.swiglu_align_to) + " is out of range [0, 4096]");
 }

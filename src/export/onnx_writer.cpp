@@ -488,6 +488,7 @@ struct BlockOptions {
   std::string probs_output;  // the softmax's tensor name: "attention.{i}" when it is a graph output
   const ModelConfig* model = nullptr;  // timm's Eva options (model_class eva)
   std::string rope_sin, rope_cos;  // this block's rotary constants, (Np, hd) or (nh, Np, hd); empty without
+  int64_t kv_heads = 0;            // this block's key/value heads (fewer than nh: grouped-query attention)
 };
 
 // silu(x) = x * sigmoid(x).
@@ -678,21 +679,52 @@ std::string mlp(GraphBuilder& b, Weights& w, const std::string& x, const std::st
 // One transformer block over (B*N, D) rows: x + ls1(attn(norm1(x))), then the same for the MLP.
 std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::string& p, const Geometry& g,
                   const BlockOptions& o) {
-  auto h = norm(b, w, x, p + "norm1", g.D, o.model->norm_layer, o.eps, g.opset);
-  const auto qkv = project_qkv(b, w, h, p, g, o);  // (B*N, 3D)
-  auto heads = b.op("Reshape", {qkv, b.batch_shape({-1, 3, g.nh, g.hd})}, p + "attn.qkv.heads");  // (B, N, 3, nh, hd)
-  attribute(b.node("Transpose", {heads}, p + "attn.qkv.split"), "perm", std::vector<int64_t>{2, 0, 3, 1, 4});
-  const std::string split = p + "attn.qkv.split";  // (3, B, nh, N, hd)
-  auto take = [&](int64_t i, const std::string& name) {
-    attribute(b.node("Gather", {split, b.ints({i}, /*scalar_index=*/true)}, p + name), "axis", int64_t{0});
-    return p + name;  // (B, nh, N, hd)
+  // use_post_norm (EvaBlockPostNorm): the norms after the branches, x + norm1(attn(x)).
+  const bool post = o.model->use_post_norm;
+  auto block_norm = [&](const std::string& t, const char* name) {
+    return norm(b, w, t, p + name, g.D, o.model->norm_layer, o.eps, g.opset);
   };
-  auto q = take(0, "attn.q"), k = take(1, "attn.k"), v = take(2, "attn.v");
+  auto h = post ? x : block_norm(x, "norm1");
+  const bool grouped = o.kv_heads != g.nh;
+  std::string q, k, v;  // (B, nh, N, hd); k and v (B, kv_heads, N, hd) with grouped-query attention
+  if (grouped) {
+    // AttentionRope's q_proj, k_proj, v_proj, the last two of kv_heads * hd rows.
+    const int64_t kv = o.kv_heads * g.hd;
+    auto heads = [&](const std::string& rows, int64_t count, const std::string& name) {
+      auto split = b.op("Reshape", {rows, b.batch_shape({-1, count, g.hd})}, p + name + ".heads");  // (B, N, c, hd)
+      attribute(b.node("Transpose", {split}, p + name), "perm", std::vector<int64_t>{0, 2, 1, 3});
+      return p + name;  // (B, count, N, hd)
+    };
+    const bool bias = o.model->qkv_bias;
+    q = heads(linear(b, w, h, p + "attn.q_proj", g.D, g.D, bias), g.nh, "attn.q");
+    k = heads(linear(b, w, h, p + "attn.k_proj", g.D, kv, bias), o.kv_heads, "attn.k");
+    v = heads(linear(b, w, h, p + "attn.v_proj", g.D, kv, bias), o.kv_heads, "attn.v");
+  } else {
+    // (B*N, 3D)
+    const auto qkv = project_qkv(b, w, h, p, g, o);
+    auto heads = b.op("Reshape", {qkv, b.batch_shape({-1, 3, g.nh, g.hd})}, p + "attn.qkv.heads");  // (B, N, 3, nh, hd)
+    attribute(b.node("Transpose", {heads}, p + "attn.qkv.split"), "perm", std::vector<int64_t>{2, 0, 3, 1, 4});
+    const std::string split = p + "attn.qkv.split";  // (3, B, nh, N, hd)
+    auto take = [&](int64_t i, const std::string& name) {
+      attribute(b.node("Gather", {split, b.ints({i}, /*scalar_index=*/true)}, p + name), "axis", int64_t{0});
+      return p + name;  // (B, nh, N, hd)
+    };
+    q = take(0, "attn.q"), k = take(1, "attn.k"), v = take(2, "attn.v");
+  }
   if (o.qk_norm) {  // LayerNorm over each head's hd features
     q = norm(b, w, q, p + "attn.q_norm", g.hd, o.model->norm_layer, o.eps, g.opset);
     k = norm(b, w, k, p + "attn.k_norm", g.hd, o.model->norm_layer, o.eps, g.opset);
   }
   if (!o.rope_sin.empty()) q = rotate(b, q, p + "attn.q_rope", g, o), k = rotate(b, k, p + "attn.k_rope", g, o);
+  if (grouped) {
+    // Each key/value head repeated for its nh / kv_heads query heads in a row (repeat_interleave over the heads).
+    auto repeat = [&](const std::string& t, const std::string& name) {
+      auto one = b.op("Unsqueeze", {t, b.ints({2})}, p + name + ".axis");  // (B, kv_heads, 1, N, hd)
+      auto tiled = b.op("Tile", {one, b.ints({1, 1, g.nh / o.kv_heads, 1, 1})}, p + name + ".tiled");
+      return b.op("Reshape", {tiled, b.ints({0, g.nh, -1, g.hd})}, p + name);  // (B, nh, N, hd)
+    };
+    k = repeat(k, "attn.k_grouped"), v = repeat(v, "attn.v_grouped");
+  }
   // As the model's explicit path: scale q, q @ k^T, (+ relative bias), softmax over keys.
   auto q_scaled =
       b.op("Mul", {q, b.scalar("attn.scale", static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.hd))))},
@@ -715,6 +747,7 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
   auto merged = b.op("Reshape", {p + "attn.merge", b.ints({-1, g.D})}, p + "attn.merged");  // (B*N, D)
   if (o.model->scale_attn_inner) merged = norm(b, w, merged, p + "attn.norm", g.D, o.model->norm_layer, o.eps, g.opset);
   auto a = linear(b, w, merged, p + "attn.proj", g.D, g.D, o.model->proj_bias);
+  if (post) a = block_norm(a, "norm1");
   // LayerScale: ls1.gamma / ls2.gamma, or Eva's gamma_1 / gamma_2 (gamma_2 absent with attn_only_layer_scale).
   const bool eva = o.model->model_class == ModelClass::eva;
   auto scale = [&](const std::string& branch, const std::string& vit_name, const std::string& eva_name,
@@ -725,7 +758,8 @@ std::string block(GraphBuilder& b, Weights& w, const std::string& x, const std::
   if (o.layer_scale) a = scale(a, "ls1.gamma", "gamma_1", "ls1");
   auto y = b.op("Add", {x, a}, p + "attn.residual");
 
-  auto m = mlp(b, w, norm(b, w, y, p + "norm2", g.D, o.model->norm_layer, o.eps, g.opset), p, g, o);
+  auto m = mlp(b, w, post ? y : block_norm(y, "norm2"), p, g, o);
+  if (post) m = block_norm(m, "norm2");
   if (o.layer_scale && !(eva && o.model->attn_only_layer_scale)) m = scale(m, "ls2.gamma", "gamma_2", "ls2");
   return b.op("Add", {y, m}, p + "output");
 }
@@ -909,7 +943,7 @@ std::vector<std::string> write_onnx(const ExportInput& input, const std::string&
     BlockOptions options;
     options.qkv_bias = m.qkv_bias, options.layer_scale = m.init_values.has_value();
     options.rel_pos_bias = m.rel_pos_bias, options.qk_norm = m.qk_norm, options.act = m.act_layer;
-    options.eps = m.layer_norm_eps, options.model = &m;
+    options.eps = m.layer_norm_eps, options.model = &m, options.kv_heads = m.kv_heads(i);
     options.probs_output = input.attention_outputs ? "attention." + std::to_string(i) : prefix + "attn.probs";
     if (rope != nullptr && g.dynamic) {
       if (mixed || i == 0) {

@@ -27,13 +27,18 @@ void read_hf_dinov3(const json& config, Snapshot& s) {
   m.use_abs_pos_emb = false, m.use_rot_pos_emb = true, m.rope_type = RopeType::dinov3, m.rope_rotate_half = true;
   m.qkv_fused = false, m.layer_norm_eps = 1e-5, m.rope_temperature = 100.0;
   m.embed_dim = 384, m.depth = 12, m.num_heads = 6;  // DINOv3ViTConfig's defaults where config.json says nothing
+  // pos_embed_rescale's default: training-time only.
+  m.rope_rescale_coords = 2.0;
   // DINOv3ViTConfig's keys that are our fields under another name.
   auto dinov3_key = [](const std::string& field) -> std::string {
+    // clang-format off
     static const std::map<std::string, std::string> keys = {
-        {"embed_dim", "hidden_size"},         {"depth", "num_hidden_layers"},
-        {"num_heads", "num_attention_heads"}, {"in_chans", "num_channels"},
-        {"layer_norm_eps", "layer_norm_eps"}, {"rope_temperature", "rope_theta"},
-        {"reg_tokens", "num_register_tokens"}};
+        {"embed_dim", "hidden_size"},                {"depth", "num_hidden_layers"},
+        {"num_heads", "num_attention_heads"},        {"in_chans", "num_channels"},
+        {"layer_norm_eps", "layer_norm_eps"},        {"rope_temperature", "rope_theta"},
+        {"reg_tokens", "num_register_tokens"},       {"rope_shift_coords", "pos_embed_shift"},
+        {"rope_jitter_coords", "pos_embed_jitter"},  {"rope_rescale_coords", "pos_embed_rescale"}};
+    // clang-format on
     const auto it = keys.find(field);
     return it == keys.end() ? "" : it->second;
   };
@@ -67,8 +72,9 @@ void read_hf_dinov3(const json& config, Snapshot& s) {
                    " is not supported (vit has query and value biases, all three or none)");
   }
   m.qkv_bias = query, m.attn_type = key ? AttnType::rope : AttnType::eva;
-  for (const char* bias : {"proj_bias", "mlp_bias"}) {
-    if (!get_or<bool>(config, bias, true, file)) fail(file, std::string(bias) + " false is not supported");
+  m.proj_bias = get_or<bool>(config, "proj_bias", true, file);
+  if (get_or<bool>(config, "mlp_bias", true, file) != m.proj_bias) {
+    fail(file, "mlp_bias differs from proj_bias (vit has one proj_bias for the attention output and the MLP)");
   }
   const bool gated = get_or<bool>(config, "use_gated_mlp", false, file);
   const auto act = get_or<std::string>(config, "hidden_act", "gelu", file);
@@ -83,16 +89,7 @@ void read_hf_dinov3(const json& config, Snapshot& s) {
   if (m.mlp_hidden() != intermediate) {
     fail(file, "intermediate_size " + std::to_string(intermediate) + " is not a width vit can make from hidden_size");
   }
-  std::string note;
-  // DINOv3ViTConfig's defaults: no shift or jitter, rescale 2.
-  for (const auto& [augment, fallback] : std::vector<std::pair<std::string, json>>{
-           {"pos_embed_shift", nullptr}, {"pos_embed_jitter", nullptr}, {"pos_embed_rescale", 2.0}}) {
-    if (!config.value(augment, fallback).is_null()) note += (note.empty() ? "" : ", ") + augment;
-  }
-  s.sources.emplace_back("model", "config.json: Hugging Face DINOv3 (DINOv3ViTModel, features)" +
-                                      (note.empty() ? std::string()
-                                                    : "; its training-time rotary augmentation (" + note +
-                                                          ") is not applied when training here"));
+  s.sources.emplace_back("model", "config.json: Hugging Face DINOv3 (DINOv3ViTModel, features)");
 
   const std::string pre_file = s.dir + "/preprocessor_config.json";
   const json pre =

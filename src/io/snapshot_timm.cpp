@@ -24,11 +24,13 @@ bool timm_lacks(const std::string& field) {
 
 // The fields only timm's Eva class has an argument for.
 bool eva_only(const std::string& field) {
+  // clang-format off
   static const std::set<std::string> fields = {
-      "attn_only_layer_scale", "attn_pool_mlp_ratio", "attn_pool_num_heads", "attn_type",        "qkv_fused",
-      "ref_feat_shape",        "rope_type",           "rope_temperature",    "rope_grid_offset", "rope_grid_indexing",
-      "rope_rotate_half",      "scale_attn_inner",    "scale_mlp",           "swiglu_align_to",  "swiglu_mlp",
-      "use_abs_pos_emb",       "use_rot_pos_emb"};
+      "attn_only_layer_scale", "attn_pool_mlp_ratio", "attn_pool_num_heads", "attn_type",          "qkv_fused",
+      "ref_feat_shape",        "rope_type",           "rope_temperature",    "rope_grid_offset",   "rope_grid_indexing",
+      "rope_rotate_half",      "swiglu_align_to",     "swiglu_mlp",          "use_abs_pos_emb",    "use_rot_pos_emb",
+      "use_post_norm",         "rope_shift_coords",   "rope_jitter_coords",  "rope_rescale_coords", "num_kv_heads"};
+  // clang-format on
   return fields.count(field) > 0;
 }
 
@@ -36,7 +38,11 @@ bool eva_only(const std::string& field) {
 // fields otherwise, and places the final norm by use_fc_norm and use_post_transformer_norm (read and written apart).
 std::string timm_key(const ModelConfig& m, const std::string& field) {
   if (timm_lacks(field)) return "";
-  if (m.model_class == ModelClass::vision_transformer) return eva_only(field) ? "" : field;
+  if (m.model_class == ModelClass::vision_transformer) {
+    if (field == "scale_attn_inner") return "scale_attn_norm";
+    if (field == "scale_mlp") return "scale_mlp_norm";
+    return eva_only(field) ? "" : field;
+  }
   if (field == "reg_tokens") return "num_reg_tokens";
   if (field == "pre_norm") return "use_pre_transformer_norm";
   if (field == "act_layer" || field == "final_norm" || field == "fc_norm" || field == "proj_bias") return "";
@@ -84,11 +90,9 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
   const std::map<std::string, json> plain = {
       {"dynamic_img_pad", false},  {"embed_layer", "PatchEmbed"}, {"block_fn", "Block"},
       {"patch_bias", true},        {"ignore_head", false},        {"attn_layer", "attn"},
-      {"pool_include_prefix", false}, {"pos_embed", "learn"},   {"scale_attn_norm", false},
-      {"scale_mlp_norm", false},
-      // Eva's: post-norm blocks, grouped-query attention, MRoPE, the rotary grid's training-time augmentations.
-      {"use_post_norm", false},    {"num_kv_heads", nullptr},   {"rope_mrope_section", nullptr},
-      {"rope_shift_coords", nullptr}, {"rope_jitter_coords", nullptr}, {"rope_rescale_coords", nullptr},
+      {"pool_include_prefix", false}, {"pos_embed", "learn"},
+      // Eva's MRoPE.
+      {"rope_mrope_section", nullptr},
   };
   // clang-format on
 
@@ -129,12 +133,10 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
 std::string family_needs(const std::string& arch) {
   auto has = [&](const char* part) { return arch.find(part) != std::string::npos; };
   if (has("distilled")) return "DeiT's distillation token (dist_token)";
-  if (has("beit3")) return "norms inside attention and MLP (BEiT-3)";
   if (has("_xp_") || has("18x2") || has("rpn") || has("pwee")) return "parallel or residual-post-norm blocks";
   if (has("dwee") || has("dlittle")) return "differential attention";
   if (has("so400m_patch14") && has("_384")) return "an input size that is not a whole number of patches (384 / 14)";
   if (has("beit")) return "relative position embeddings (timm's BEiT class)";
-  if (has("sapiens") || has("7b_patch16_dinov3")) return "RMSNorm or grouped-query attention (timm's Eva options)";
   return "";
 }
 

@@ -33,8 +33,10 @@ std::vector<LayerCost> layer_costs(const ModelConfig& m, int64_t input_h, int64_
     // Eva's q_bias and v_bias, or an unfused k_proj of EvaAttention, hold no key bias.
     const bool no_key_bias =
         m.eva_qkv_bias() || (!m.qkv_fused && m.model_class == ModelClass::eva && m.attn_type == AttnType::eva);
-    costs.push_back({prefix + "attn.qkv", shape(N, 3 * D), 3 * D * D + (m.qkv_bias ? (no_key_bias ? 2 : 3) * D : 0),
-                     N * D * 3 * D});
+    const int64_t kv = m.kv_heads(b) * m.head_dim();  // k's and v's width (D, or less with grouped-query attention)
+    const int64_t qkv = D + 2 * kv;
+    costs.push_back(
+        {prefix + "attn.qkv", shape(N, qkv), qkv * D + (m.qkv_bias ? (no_key_bias ? D + kv : qkv) : 0), N * D * qkv});
     if (m.qk_norm) costs.push_back({prefix + "attn.q_norm+k_norm", shape(N, 2 * D), 2 * norm * m.head_dim(), 0});
     // q @ k^T and probs @ v: nh * N * N * hd each = N * N * D.
     costs.push_back({prefix + "attn.matmuls", shape(m.num_heads, N * N), 0, 2 * N * N * D});

@@ -35,7 +35,10 @@ RotaryEmbeddingImpl::RotaryEmbeddingImpl(const ModelConfig& config)
       grid_offset(config.rope_grid_offset),
       indexing(config.rope_grid_indexing),
       rotate_half(config.rope_rotate_half),
-      ref_feat{config.ref_feat_h, config.ref_feat_w} {
+      ref_feat{config.ref_feat_h, config.ref_feat_w},
+      shift_coords(config.rope_shift_coords),
+      jitter_coords(config.rope_jitter_coords),
+      rescale_coords(config.rope_rescale_coords) {
   if (type == RopeType::mixed) {
     freqs = register_parameter("freqs", torch::zeros({2, depth, num_heads, head_dim / 2}));
   }
@@ -64,6 +67,23 @@ torch::Tensor RotaryEmbeddingImpl::frequencies() const {
   return {};
 }
 
+torch::Tensor RotaryEmbeddingImpl::augment(const torch::Tensor& coords) const {
+  if (!is_training() || (!shift_coords && !jitter_coords && !rescale_coords)) return coords;
+  // timm's _apply_coord_augs, its draws in its order: a shift per axis, a log-uniform scale per axis, one shared scale.
+  auto out = coords;  // (Np, 2)
+  const auto options = coords.options();
+  if (shift_coords) out = out + torch::empty({2}, options).uniform_(-*shift_coords, *shift_coords).unsqueeze(0);
+  if (jitter_coords) {
+    const double most = std::log(*jitter_coords);
+    out = out * torch::empty({2}, options).uniform_(-most, most).exp().unsqueeze(0);
+  }
+  if (rescale_coords) {
+    const double most = std::log(*rescale_coords);
+    out = out * torch::empty({1}, options).uniform_(-most, most).exp();
+  }
+  return out;
+}
+
 torch::Tensor RotaryEmbeddingImpl::embed(std::array<int64_t, 2> grid) const {
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
   if (type == RopeType::mixed) {
@@ -71,6 +91,7 @@ torch::Tensor RotaryEmbeddingImpl::embed(std::array<int64_t, 2> grid) const {
     auto coords = coordinate_grid(grid, indexing, [&](int64_t, int64_t size) {
                     return torch::arange(size, torch::kInt64).to(torch::kFloat32);
                   }).reshape({-1, 2});
+    coords = augment(coords);
     auto f = freqs.to(torch::kFloat32);
     auto t_x = coords.select(1, 0).contiguous().to(f.device()), t_y = coords.select(1, 1).contiguous().to(f.device());
     auto combined =
@@ -89,14 +110,15 @@ torch::Tensor RotaryEmbeddingImpl::embed(std::array<int64_t, 2> grid) const {
       if (ref[0] > 0) t = t / size * ref[axis];
       return t;
     });
-    angles = (coords.unsqueeze(-1) * band).flatten(-2).flatten(0, -2);
+    coords = augment(coords.flatten(0, -2));  // (Np, 2)
+    angles = (coords.unsqueeze(-1) * band).flatten(1);
   } else {
     // RotaryEmbeddingDinoV3: periods T^(2i / (hd/2)) over patch centres, each axis normalised by its size to [-1, 1].
     const auto periods = frequencies();
     auto coords = coordinate_grid(grid, indexing, [&](int64_t, int64_t size) {
       return (torch::arange(0.5, static_cast<double>(size), f32) + grid_offset) / static_cast<double>(size);
     });
-    coords = (2.0 * coords - 1.0).flatten(0, -2);  // (Np, 2)
+    coords = augment((2.0 * coords - 1.0).flatten(0, -2));  // (Np, 2)
     angles = (2 * kPi * coords.unsqueeze(-1) / periods.view({1, 1, -1})).flatten(1);
   }
   return torch::cat({rope_layout(angles.sin(), rotate_half), rope_layout(angles.cos(), rotate_half)}, -1);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 
 #include <torch/torch.h>
 
@@ -18,11 +19,14 @@ struct RotaryEmbeddingImpl : torch::nn::Module {
   explicit RotaryEmbeddingImpl(const ModelConfig& config);
 
   // sin and cos concatenated on the last axis for a gh x gw grid, patches in row-major order, float32:
-  // (Np, 2 hd) for cat and dinov3, (depth, nh, Np, 2 hd) for mixed (one table per block and head).
+  // (Np, 2 hd) for cat and dinov3, (depth, nh, Np, 2 hd) for mixed (one table per block and head). In training mode
+  // the coordinates are augmented first, one draw per call (timm's _apply_coord_augs).
   torch::Tensor embed(std::array<int64_t, 2> grid) const;
   // The fixed frequencies embed multiplies the coordinates by, float32 (hd / 4): cat's bands 1 / T^(i / (hd/4)), or
   // dinov3's periods T^(2i / (hd/2)) that it divides 2 pi times the coordinates by. Undefined for mixed (freqs).
   torch::Tensor frequencies() const;
+  // The coordinates (Np, 2) as embed uses them: augmented in training mode, else unchanged.
+  torch::Tensor augment(const torch::Tensor& coords) const;
   // rope_type mixed: frequencies of timm's init_random_2d_freqs (a random rotation per block and head).
   void reset_parameters();
 
@@ -33,6 +37,7 @@ struct RotaryEmbeddingImpl : torch::nn::Module {
   GridIndexing indexing;
   bool rotate_half;
   std::array<int64_t, 2> ref_feat;  // {0, 0}: none
+  std::optional<double> shift_coords, jitter_coords, rescale_coords;  // training-time augmentations (model_config.h)
 };
 TORCH_MODULE(RotaryEmbedding);
 

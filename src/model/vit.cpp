@@ -169,9 +169,10 @@ torch::Tensor relative_position_index(int64_t trained_h, int64_t trained_w, int6
 
 bool sdpa_available() { return TORCH_VERSION_MAJOR >= 2; }
 
-AttentionImpl::AttentionImpl(const ModelConfig& config)
+AttentionImpl::AttentionImpl(const ModelConfig& config, int64_t layer)
     : num_heads(config.num_heads),
       head_dim(config.head_dim()),
+      num_kv_heads(config.kv_heads(layer)),
       scale(1.0 / std::sqrt(static_cast<double>(config.head_dim()))),
       trained_grid{config.grid_h(), config.grid_w()},
       prefix_tokens(config.num_prefix_tokens()),
@@ -187,10 +188,11 @@ AttentionImpl::AttentionImpl(const ModelConfig& config)
     }
   } else {
     // EvaAttention's k_proj has no bias; AttentionRope's has qkv_bias's.
+    const int64_t kv_dim = num_kv_heads * head_dim;
     q_proj = register_module("q_proj", Linear(dim, dim, config.qkv_bias));
     k_proj =
-        register_module("k_proj", Linear(dim, dim, config.qkv_bias && !(eva && config.attn_type == AttnType::eva)));
-    v_proj = register_module("v_proj", Linear(dim, dim, config.qkv_bias));
+        register_module("k_proj", Linear(dim, kv_dim, config.qkv_bias && !(eva && config.attn_type == AttnType::eva)));
+    v_proj = register_module("v_proj", Linear(dim, kv_dim, config.qkv_bias));
   }
   if (config.qk_norm) {
     q_norm = register_module("q_norm", make_norm(config, head_dim));
@@ -226,10 +228,11 @@ torch::Tensor AttentionImpl::project_qkv(const torch::Tensor& x) {
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
                                      torch::Tensor* probs_out, const torch::Tensor& rope) {
   const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
-  const auto fused = project_qkv(x);  // (B, N, 3D)
+  const bool grouped = num_kv_heads != num_heads;
+  const auto fused = grouped ? torch::Tensor() : project_qkv(x);  // (B, N, 3D)
   const bool dropping = is_training() && attn_drop > 0.0;
   const bool plain = !mask.defined() && !relative_position_bias_table.defined() && !dropping && !head_mask.defined() &&
-                     !q_norm && !norm && !rope.defined();
+                     !q_norm && !norm && !rope.defined() && !grouped;
   if (kernel == AttentionKernel::automatic && !sdpa_available() && plain && probs_out == nullptr &&
       attention_core_applies(fused)) {
     // CPU float32: q, k, v read in place from the fused projection, heads in parallel (model/cpu_kernels.h).
@@ -240,13 +243,26 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, std::array<int64_t,
   if (kernel == AttentionKernel::sdpa && !sdpa_available()) {
     throw std::invalid_argument("attention kernel sdpa needs LibTorch >= 2.0; this vit is built against " TORCH_VERSION);
   }
-  auto qkv_out = fused.reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});  // (3, B, nh, N, hd)
-  auto q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];  // (B, nh, N, hd) each
+  torch::Tensor q, k, v;  // (B, nh, N, hd) each; k and v (B, nkv, N, hd) with grouped-query attention
+  if (grouped) {
+    q = q_proj->forward(x).view({B, N, num_heads, head_dim}).transpose(1, 2);
+    k = k_proj->forward(x).view({B, N, num_kv_heads, head_dim}).transpose(1, 2);
+    v = v_proj->forward(x).view({B, N, num_kv_heads, head_dim}).transpose(1, 2);
+  } else {
+    auto qkv_out = fused.reshape({B, N, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});  // (3, B, nh, N, hd)
+    q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];
+  }
   if (q_norm) q = q_norm->forward(q), k = k_norm->forward(k);
   if (rope.defined()) {
     // The patch tokens' queries and keys rotated by their positions; the prefix tokens' pass as they are.
     q = apply_rope(q, rope.to(q.device()), prefix_tokens, rope_rotate_half);
     k = apply_rope(k, rope.to(k.device()), prefix_tokens, rope_rotate_half);
+  }
+  if (grouped) {
+    // Each key/value head serves num_heads / num_kv_heads query heads in a row (head h reads kv head h / groups),
+    // after the norms and the rotation, as timm's AttentionRope.
+    k = k.repeat_interleave(num_heads / num_kv_heads, 1);  // (B, nh, N, hd)
+    v = v.repeat_interleave(num_heads / num_kv_heads, 1);
   }
   const auto bias = relative_bias(grid);                // (nh, N, N) or undefined
 
@@ -341,11 +357,11 @@ LayerScaleImpl::LayerScaleImpl(int64_t dim, double init_value) {
   gamma = register_parameter("gamma", torch::full({dim}, init_value));
 }
 
-BlockImpl::BlockImpl(const ModelConfig& config, double drop_path_rate) : drop_path_rate(drop_path_rate) {
+BlockImpl::BlockImpl(const ModelConfig& config, double drop_path_rate, int64_t layer) : drop_path_rate(drop_path_rate) {
   const int64_t dim = config.embed_dim;
   const bool eva = config.model_class == ModelClass::eva;
   norm1 = register_module("norm1", make_norm(config, dim));
-  attn = register_module("attn", Attention(config));
+  attn = register_module("attn", Attention(config, layer));
   if (config.init_values && !eva) ls1 = register_module("ls1", LayerScale(dim, *config.init_values));
   if (config.init_values && eva) gamma_1 = register_parameter("gamma_1", torch::full({dim}, *config.init_values));
   norm2 = register_module("norm2", make_norm(config, dim));
@@ -359,10 +375,12 @@ BlockImpl::BlockImpl(const ModelConfig& config, double drop_path_rate) : drop_pa
     gamma_2 = register_parameter("gamma_2", torch::full({dim}, *config.init_values));
   }
   rotary = config.use_rot_pos_emb;
+  post_norm = config.use_post_norm;
 }
 
 std::string BlockImpl::fused_refusal() const {
   if (rotary) return "rotary position embeddings (use_rot_pos_emb)";
+  if (post_norm) return "use_post_norm";
   if (mlp->kind != MlpKind::plain) return "a SwiGLU MLP";
   if (norm1->kind != NormLayer::layernorm) return "norm_layer rmsnorm";
   if (!attn->proj->bias.defined()) return "proj_bias false";
@@ -404,6 +422,11 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> 
                x.scalar_type() == torch::kFloat) {
       note_fused_fallback(refusal);
     }
+  }
+  if (post_norm) {  // timm's EvaBlockPostNorm: no LayerScale
+    auto y =
+        x + drop_path(norm1->forward(attn->forward(x, grid, mask, probs_out, rope)), drop_path_rate, is_training());
+    return y + drop_path(norm2->forward(mlp->forward(y)), drop_path_rate, is_training());
   }
   auto a = attn->forward(norm1->forward(x), grid, mask, probs_out, rope);
   if (ls1) a = ls1->forward(a);
@@ -464,7 +487,7 @@ VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config, Init ini
   for (int64_t i = 0; i < config.depth; ++i) {
     // Stochastic depth grows linearly over the blocks, as timm.
     const double rate = config.depth > 1 ? config.drop_path_rate * static_cast<double>(i) / (config.depth - 1) : 0.0;
-    blocks->push_back(Block(config, rate));
+    blocks->push_back(Block(config, rate, i));
   }
   if (config.final_norm && !config.use_fc_norm()) norm = register_module("norm", ln());
   if (config.global_pool == GlobalPool::map) attn_pool = register_module("attn_pool", AttentionPool(config));

@@ -109,7 +109,8 @@ enum class AttentionKernel {
 bool sdpa_available();
 
 struct AttentionImpl : torch::nn::Module {
-  AttentionImpl(const ModelConfig& config);
+  // layer: the block's index, for its key/value heads (ModelConfig::kv_heads).
+  explicit AttentionImpl(const ModelConfig& config, int64_t layer = 0);
   // x: (B, N, D); grid: the patch grid of x (for the relative bias); mask: optional bool, broadcastable to
   // (B, nh, N, N). probs_out: when given, receives the softmax probabilities (B, nh, N, N) the output used.
   // rope: the rotary table for the patch tokens (model/rope.h), or undefined.
@@ -117,7 +118,8 @@ struct AttentionImpl : torch::nn::Module {
                         torch::Tensor* probs_out = nullptr, const torch::Tensor& rope = {});
   // (nh, N, N) relative position bias for a grid, or undefined without rel_pos_bias.
   torch::Tensor relative_bias(std::array<int64_t, 2> grid);
-  // x (B, N, D) -> q, k, v side by side (B, N, 3D), through whichever projections the model has.
+  // x (B, N, D) -> q, k, v side by side (B, N, 3D), through whichever projections the model has (not with
+  // grouped-query attention: its k and v are narrower).
   torch::Tensor project_qkv(const torch::Tensor& x);
   // Whether the projections are the plain fused qkv (with its own bias or none), as the fused kernels read them.
   bool plain_qkv() const { return qkv && !q_bias.defined(); }
@@ -130,6 +132,7 @@ struct AttentionImpl : torch::nn::Module {
   bool rope_rotate_half = false;
   torch::Tensor relative_position_bias_table;  // ((2gh-1)(2gw-1) [+3 with prefix tokens], nh) when rel_pos_bias
   int64_t num_heads, head_dim;
+  int64_t num_kv_heads;  // fewer than num_heads: grouped-query attention (k_proj, v_proj of num_kv_heads * hd rows)
   double scale;
   std::array<int64_t, 2> trained_grid;  // the grid the bias table was made for
   int64_t prefix_tokens;                 // class and register tokens before the patches
@@ -186,7 +189,7 @@ struct LayerScaleImpl : torch::nn::Module {
 TORCH_MODULE(LayerScale);
 
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(const ModelConfig& config, double drop_path_rate);
+  BlockImpl(const ModelConfig& config, double drop_path_rate, int64_t layer = 0);
   // On the CPU in float32, through the fused block (model/fused_block.h) where it covers the options and nothing asks
   // for the attention probabilities, a mask or a head mask; otherwise operator by operator.
   // rope: this block's rotary table (model/rope.h), or undefined.
@@ -201,6 +204,7 @@ struct BlockImpl : torch::nn::Module {
   LayerScale ls1{nullptr}, ls2{nullptr};  // only when init_values is set (VisionTransformer's names)
   torch::Tensor gamma_1, gamma_2;         // the same with model_class eva (gamma_2 absent with attn_only_layer_scale)
   bool rotary = false;                    // the model gives this block a rotary table
+  bool post_norm = false;                 // use_post_norm: the norms after the branches (EvaBlockPostNorm)
   double drop_path_rate;  // stochastic depth probability of this block
   bool fused = true;      // may take the fused CPU block; false keeps the per-operator path (tests compare them)
 };
