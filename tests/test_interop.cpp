@@ -827,6 +827,7 @@ TEST(FamilyCli, TrainEvaluateExplainExportAndFinetune) {
   }
 
   doc["model"]["img_size"] = 24;
+  doc["train"]["epochs"] = 2;  // from the trained weights: a short fine-tune, as the CI budget wants
   test::write_bytes(dir / "finetune.json", doc.dump(2));
   const auto tuned = test::run_vit("train --config " + test::quoted(dir / "finetune.json") + " --out " +
                                    test::quoted(dir / "tuned") + " --init-from " + test::quoted(timm_dir));
@@ -911,6 +912,7 @@ TEST(EvaCli, TrainEvaluateEmbedExplainExportAndFinetune) {
   }
 
   doc["model"]["img_size"] = 24;
+  doc["train"]["epochs"] = 2;  // from the trained weights: a short fine-tune, as the CI budget wants
   test::write_bytes(dir / "finetune.json", doc.dump(2));
   const auto tuned = test::run_vit("train --config " + test::quoted(dir / "finetune.json") + " --out " +
                                    test::quoted(dir / "tuned") + " --init-from " + test::quoted(best));
