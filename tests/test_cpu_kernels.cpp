@@ -181,6 +181,33 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
        [](ModelConfig& c) { c.embed_dim = 32, c.img_h = c.img_w = 40, c.patch_size = 4; }},
       {"width 256 (2.6 MB of weights, 17 rows per thread: products on all rows)",
        [](ModelConfig& c) { c.embed_dim = 256; }},
+      {"silu", [](ModelConfig& c) { c.act_layer = Activation::silu; }},
+      {"no proj bias, LayerScale", [](ModelConfig& c) { c.proj_bias = false, c.init_values = 0.1; }},
+      {"AIMv2's block: RmsNorm, SwiGLU (fc1_g, fc1_x), SiLU, no biases",
+       [](ModelConfig& c) {
+         c.norm_layer = NormLayer::rmsnorm, c.mlp_layer = MlpLayer::swiglu, c.act_layer = Activation::silu;
+         c.proj_bias = false, c.qkv_bias = false, c.layer_norm_eps = 1e-5;
+       }},
+      {"DINOv2 giant's block: packed SwiGLU with biases, LayerScale",
+       [](ModelConfig& c) {
+         c.mlp_layer = MlpLayer::swiglu_packed, c.act_layer = Activation::silu, c.init_values = 0.1;
+       }},
+      {"EVA-02's block: rotary cat (adjacent pairs), q_bias / v_bias, packed SwiGLU, gamma_1 / gamma_2, drop path",
+       [](ModelConfig& c) {
+         c.model_class = ModelClass::eva, c.use_rot_pos_emb = true, c.swiglu_mlp = true, c.init_values = 0.1;
+         c.drop_path_rate = 0.3;
+       }},
+      {"DINOv3's block: rotary dinov3 (halves, augmented), 4 registers, no qkv bias, LayerScale",
+       [](ModelConfig& c) {
+         c.model_class = ModelClass::eva, c.use_rot_pos_emb = true, c.rope_type = RopeType::dinov3;
+         c.rope_rotate_half = true, c.rope_temperature = 100, c.reg_tokens = 4, c.qkv_bias = false;
+         c.init_values = 0.1, c.use_abs_pos_emb = false, c.rope_rescale_coords = 2.0, c.rope_shift_coords = 0.5;
+       }},
+      {"gated gelu_tanh, RmsNorm, width 256 (products on all rows)",
+       [](ModelConfig& c) {
+         c.mlp_layer = MlpLayer::swiglu, c.act_layer = Activation::gelu_tanh, c.norm_layer = NormLayer::rmsnorm;
+         c.embed_dim = 256;
+       }},
   };
   ThreeThreads threads;
   for (const auto& fused_case : cases) {
@@ -227,10 +254,23 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
 TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
   SKIP_WITHOUT_KERNELS();
   ThreeThreads threads;
-  for (const auto& [img, width, heads] :
-       {std::tuple<int64_t, int64_t, int64_t>{40, 48, 3}, {28, 64, 2}, {28, 256, 4}}) {
-    const ModelConfig config = test::tiny_vit(img, /*patch=*/4, /*in_chans=*/3, /*num_classes=*/7, width,
-                                              /*depth=*/2, heads, /*mlp_ratio=*/4.0);
+  enum Variant { plain, aimv2, rope_mixed };
+  const char* names[] = {"", " (AIMv2's block)", " (RoPE-ViT mixed, a table per head)"};
+  for (const auto& [img, width, heads, variant] : {std::tuple<int64_t, int64_t, int64_t, Variant>{40, 48, 3, plain},
+                                                   {28, 64, 2, plain},
+                                                   {28, 256, 4, plain},
+                                                   {28, 64, 2, aimv2},
+                                                   {28, 256, 4, aimv2},
+                                                   {40, 48, 3, rope_mixed}}) {
+    ModelConfig config = test::tiny_vit(img, /*patch=*/4, /*in_chans=*/3, /*num_classes=*/7, width,
+                                        /*depth=*/2, heads, /*mlp_ratio=*/4.0);
+    if (variant == aimv2) {  // RmsNorm, SwiGLU, SiLU, no biases on proj and the MLP
+      config.norm_layer = NormLayer::rmsnorm, config.mlp_layer = MlpLayer::swiglu, config.act_layer = Activation::silu;
+      config.proj_bias = false;
+    } else if (variant == rope_mixed) {  // learned frequencies: covered where no gradient is asked
+      config.model_class = ModelClass::eva, config.use_rot_pos_emb = true, config.rope_type = RopeType::mixed;
+      config.attn_type = AttnType::rope, config.init_values = 0.1;
+    }
     torch::manual_seed(0);
     VisionTransformer net(config);
     test::perturb_weights(net, 4);
@@ -242,16 +282,17 @@ TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
       const auto expected = net->forward(images);
       net->set_fused_blocks(true);
       const auto actual = net->forward(images);
-      std::printf("fused block inference, %lldx%lld, batch %lld: logits %.3g (relative)\n",
-                  static_cast<long long>(img), static_cast<long long>(img), static_cast<long long>(batch),
-                  relative_diff(actual, expected));
+      std::printf("fused block inference, %lldx%lld, width %lld%s, batch %lld: logits %.3g (relative)\n",
+                  static_cast<long long>(img), static_cast<long long>(img), static_cast<long long>(width),
+                  names[variant], static_cast<long long>(batch), relative_diff(actual, expected));
       EXPECT_LT(relative_diff(actual, expected), 1e-5) << img << "x" << img << " batch " << batch;
     }
   }
 }
 
 // Each instruction set's row kernels (AVX-512, AVX2, baseline: those this CPU runs) against ATen: the short-sequence
-// attention forward and backward at every (keys, head dim) block count, layer norm with its backward, softmax.
+// attention forward and backward at every (keys, head dim) block count, layer norm and RmsNorm with their backward,
+// softmax.
 TEST(RowKernels, EveryInstructionSetMatchesAten) {
   for (const auto& k : available_row_kernels()) {
     double worst = 0.0;
@@ -308,6 +349,21 @@ TEST(RowKernels, EveryInstructionSetMatchesAten) {
     auto x_leaf = x.clone().requires_grad_(), w_leaf = w.clone().requires_grad_(), b_leaf = b.clone().requires_grad_();
     const auto reference = torch::layer_norm(x_leaf, {D}, w_leaf, b_leaf, 1e-6);
     const auto grads = torch::autograd::grad({reference}, {x_leaf, w_leaf, b_leaf}, {dout});
+    // RmsNorm and its backward over the same rows.
+    auto rms_out = torch::empty({4, D}), rms_rstd = torch::empty({4}), rms_dx = torch::empty({4, D});
+    auto rms_dw = torch::zeros({D});
+    for (int64_t r = 0; r < 4; ++r) {
+      k.rms_norm_row(x[r].data_ptr<float>(), D, 1e-5f, w.data_ptr<float>(), rms_out[r].data_ptr<float>(),
+                     rms_rstd.data_ptr<float>() + r);
+      k.rms_norm_backward_row(dout[r].data_ptr<float>(), x[r].data_ptr<float>(), rms_rstd[r].item<float>(),
+                              w.data_ptr<float>(), D, zeros[r].data_ptr<float>(), rms_dx[r].data_ptr<float>(),
+                              rms_dw.data_ptr<float>());
+    }
+    auto rms_x = x.clone().requires_grad_(), rms_w = w.clone().requires_grad_();
+    const auto rms_reference = rms_x * torch::rsqrt(rms_x.pow(2).mean(-1, true) + 1e-5) * rms_w;
+    const auto rms_grads = torch::autograd::grad({rms_reference}, {rms_x, rms_w}, {dout});
+    worst = std::max({worst, test::max_abs_diff(rms_out, rms_reference.detach()),
+                      test::max_abs_diff(rms_dx, rms_grads[0]), test::max_abs_diff(rms_dw, rms_grads[1])});
     auto scores = torch::randn({3, 19}) * 4;
     const auto expected_softmax = scores.softmax(-1);
     k.softmax_rows(scores.data_ptr<float>(), 3, 19);
@@ -334,6 +390,29 @@ TEST(FusedBlock, RunsWhereItAppliesAndNamesWhatItDoesNotCover) {
   torch::Tensor probs;
   const auto explicit_out = block->forward(tokens, {2, 2}, {}, &probs);  // probabilities asked for: explicit path
   EXPECT_EQ(explicit_out.grad_fn()->name().find("BlockFunction"), std::string::npos);
+
+  // AIMv2's block (RmsNorm, SwiGLU, SiLU, no biases) and DINOv2 giant's (packed SwiGLU) run fused too.
+  for (const MlpLayer form : {MlpLayer::swiglu, MlpLayer::swiglu_packed}) {
+    ModelConfig gated = config;
+    gated.norm_layer = NormLayer::rmsnorm, gated.mlp_layer = form, gated.act_layer = Activation::silu;
+    gated.proj_bias = false;
+    const auto gated_out = VisionTransformer(gated)->blocks[0]->as<Block>()->forward(tokens, {2, 2}, {}, nullptr);
+    EXPECT_NE(gated_out.grad_fn()->name().find("BlockFunction"), std::string::npos) << name_of(form);
+  }
+
+  // Eva's blocks with their rotary table: fused; RoPE-ViT mixed's table has learned frequencies, so where a gradient
+  // is asked for it stays on the per-operator path.
+  for (const RopeType type : {RopeType::cat, RopeType::dinov3, RopeType::mixed}) {
+    ModelConfig eva = config;
+    eva.model_class = ModelClass::eva, eva.use_rot_pos_emb = true, eva.rope_type = type;
+    eva.attn_type = type == RopeType::mixed ? AttnType::rope : AttnType::eva;
+    VisionTransformer rotary(eva);
+    const auto table = rotary->rope->embed({2, 2});
+    const auto rope = type == RopeType::mixed ? table[0] : table;
+    const auto rotated = rotary->blocks[0]->as<Block>()->forward(tokens, {2, 2}, {}, nullptr, rope);
+    const bool fused_node = rotated.grad_fn()->name().find("BlockFunction") != std::string::npos;
+    EXPECT_EQ(fused_node, type != RopeType::mixed) << name_of(type) << ": " << rotated.grad_fn()->name();
+  }
 
   config.qk_norm = true;
   EXPECT_EQ(VisionTransformer(config)->blocks[0]->as<Block>()->fused_refusal(), "qk_norm");

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -27,44 +28,79 @@ torch::Tensor flat(const float* data, int64_t count) {
   return torch::from_blob(const_cast<float*>(data), {count}, torch::TensorOptions().dtype(torch::kFloat32));
 }
 
-// g = act(h); g may be h (in place).
-void activation_forward(const float* h, float* g, int64_t count, Activation act) {
-  auto input = flat(h, count), output = flat(g, count);
-  switch (act) {
-    case Activation::gelu:
-      at::gelu_out(output, input, "none");
-      return;
-    case Activation::gelu_tanh:
-      at::gelu_out(output, input, "tanh");
-      return;
-    case Activation::quick_gelu:
-      at::mul_out(output, input, torch::sigmoid(input * 1.702));  // x sigmoid(1.702 x), as timm's QuickGELU
-      return;
-    case Activation::silu:
-      break;  // BlockImpl::fused_refusal keeps SiLU MLPs off the fused path
-  }
-  throw std::logic_error("fused block: activation " + std::string(name_of(act)) + " is not covered");
+// rows x cols floats with row stride ld.
+torch::Tensor rows_view(const float* data, int64_t rows, int64_t cols, int64_t ld) {
+  return torch::from_blob(const_cast<float*>(data), {rows, cols}, {ld, 1},
+                          torch::TensorOptions().dtype(torch::kFloat32));
 }
 
-// dh = dg act'(h), in place over dg.
-void activation_backward(const float* h, float* dg, int64_t count, Activation act) {
-  auto input = flat(h, count), grad = flat(dg, count);
+// out = act(in); out may be in (in place).
+void activation_forward(const torch::Tensor& in, torch::Tensor out, Activation act) {
   switch (act) {
     case Activation::gelu:
-      at::gelu_backward_out(grad, grad, input, "none");
+      at::gelu_out(out, in, "none");
       return;
     case Activation::gelu_tanh:
-      at::gelu_backward_out(grad, grad, input, "tanh");
+      at::gelu_out(out, in, "tanh");
+      return;
+    case Activation::quick_gelu:
+      at::mul_out(out, in, torch::sigmoid(in * 1.702));  // x sigmoid(1.702 x), as timm's QuickGELU
+      return;
+    case Activation::silu:
+      at::silu_out(out, in);
+      return;
+  }
+  throw std::logic_error("fused block: activation " + std::to_string(static_cast<int>(act)) + " is unknown");
+}
+
+// grad = grad act'(in), in place.
+void activation_backward(const torch::Tensor& in, torch::Tensor grad, Activation act) {
+  switch (act) {
+    case Activation::gelu:
+      at::gelu_backward_out(grad, grad, in, "none");
+      return;
+    case Activation::gelu_tanh:
+      at::gelu_backward_out(grad, grad, in, "tanh");
       return;
     case Activation::quick_gelu: {
-      const auto s = torch::sigmoid(input * 1.702);
-      grad.mul_(s + input * 1.702 * s * (1.0 - s));
+      const auto s = torch::sigmoid(in * 1.702);
+      grad.mul_(s + in * 1.702 * s * (1.0 - s));
       return;
     }
     case Activation::silu:
-      break;
+      at::silu_backward_out(grad, grad, in);
+      return;
   }
-  throw std::logic_error("fused block: activation " + std::string(name_of(act)) + " is not covered");
+  throw std::logic_error("fused block: activation " + std::to_string(static_cast<int>(act)) + " is unknown");
+}
+
+// The MLP's hidden activations g (rows, hidden) from fc1's output h: act(h), in place when g is h; gated, h holds
+// each row's gates then its values (row stride 2 hidden) and g = act(gates) values.
+void mlp_activation(const float* h, float* g, int64_t rows, int64_t hidden, bool gated, Activation act) {
+  if (!gated) {
+    activation_forward(flat(h, rows * hidden), flat(g, rows * hidden), act);
+    return;
+  }
+  auto out = rows_view(g, rows, hidden, hidden);
+  activation_forward(rows_view(h, rows, hidden, 2 * hidden), out, act);
+  out.mul_(rows_view(h + hidden, rows, hidden, 2 * hidden));
+}
+
+// mlp_activation's backward: dg (rows, hidden) -> dh, fc1's output gradient. Plain: in place (dh is dg). Gated: dh
+// (row stride 2 hidden) gets d gates = dg values act'(gates), d values = dg act(gates).
+void mlp_activation_backward(const float* h, float* dg, float* dh, int64_t rows, int64_t hidden, bool gated,
+                             Activation act) {
+  if (!gated) {
+    activation_backward(flat(h, rows * hidden), flat(dg, rows * hidden), act);
+    return;
+  }
+  const auto gates = rows_view(h, rows, hidden, 2 * hidden), values = rows_view(h + hidden, rows, hidden, 2 * hidden);
+  const auto upstream = rows_view(dg, rows, hidden, hidden);
+  auto dgates = rows_view(dh, rows, hidden, 2 * hidden), dvalues = rows_view(dh + hidden, rows, hidden, 2 * hidden);
+  activation_forward(gates, dvalues, act);
+  dvalues.mul_(upstream);
+  at::mul_out(dgates, upstream, values);
+  activation_backward(gates, dgates, act);
 }
 
 // ---- the passes ----
@@ -77,18 +113,18 @@ float* data_or_null(torch::Tensor& t) { return t.defined() && t.numel() > 0 ? t.
 // A thread's scratch buffer `slot`, grown to the largest size asked and kept: OpenMP's threads live as long as the
 // process, so a shape's workspace is allocated once.
 float* scratch(int slot, int64_t floats) {
-  thread_local std::vector<float> buffers[3];
+  thread_local std::vector<float> buffers[4];
   auto& buffer = buffers[slot];
   if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
   return buffer.data();
 }
 
-// Copies bias (cols) into every row of out (rows, cols) and returns the sgemm's beta: 1 with a bias, 0 without.
-// Row-parallel when called outside a parallel region (a wide plan's product on all rows).
-float bias_rows(const float* bias, int64_t rows, int64_t cols, float* out) {
+// Copies bias (cols) into every row of out (rows, cols; row stride ld) and returns the sgemm's beta: 1 with a bias,
+// 0 without. Row-parallel when called outside a parallel region (a wide plan's product on all rows).
+float bias_rows(const float* bias, int64_t rows, int64_t cols, float* out, int64_t ld) {
   if (bias == nullptr) return 0.0f;
   at::parallel_for(0, rows, /*grain_size=*/16, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) std::memcpy(out + i * cols, bias, cols * sizeof(float));
+    for (int64_t i = begin; i < end; ++i) std::memcpy(out + i * ld, bias, cols * sizeof(float));
   });
   return 1.0f;
 }
@@ -99,18 +135,24 @@ void for_rows(int64_t rows, const Body& body) {
   at::parallel_for(0, rows, /*grain_size=*/8, body);
 }
 
+constexpr int64_t kMaxRotaryHeadDim = 512;
+
+// fc1 the width of fc1's output per row: hidden, or 2 hidden when gated (gates, then values).
 struct Dims {
-  int64_t B, N, D, R, heads, hd, hidden;
+  int64_t B, N, D, R, heads, hd, hidden, fc1;
+  bool gated;
 };
 
 Dims dims_of(const torch::Tensor& x, const BlockParameters& p, int64_t heads) {
-  const int64_t B = x.size(0), N = x.size(1), D = x.size(2), hidden = p.fc1_weight.size(0);
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2), hidden = p.fc2_weight.size(1);
+  const bool gated = p.fc1v_weight.numel() > 0;
   TORCH_CHECK(D % heads == 0 && p.qkv_weight.size(0) == 3 * D && p.qkv_weight.size(1) == D &&
-                  p.proj_weight.size(0) == D && p.fc1_weight.size(1) == D && p.fc2_weight.size(0) == D &&
-                  p.fc2_weight.size(1) == hidden,
+                  p.proj_weight.size(0) == D && p.fc1_weight.size(0) == hidden && p.fc1_weight.size(1) == D &&
+                  p.fc2_weight.size(0) == D && (!gated || p.fc1v_weight.sizes() == p.fc1_weight.sizes()),
               "fused block: input ", x.sizes(), " does not fit qkv ", p.qkv_weight.sizes(), ", fc1 ",
-              p.fc1_weight.sizes(), ", fc2 ", p.fc2_weight.sizes(), " with ", heads, " heads");
-  return {B, N, D, B * N, heads, D / heads, hidden};
+              p.fc1_weight.sizes(), ", fc1v ", p.fc1v_weight.sizes(), ", fc2 ", p.fc2_weight.sizes(), " with ", heads,
+              " heads");
+  return {B, N, D, B * N, heads, D / heads, hidden, gated ? 2 * hidden : hidden, gated};
 }
 
 float keep_at(const float* keep, int64_t row, int64_t N) { return keep != nullptr ? keep[row / N] : 1.0f; }
@@ -134,7 +176,7 @@ struct Plan {
 
 Plan plan_for(const Dims& d, bool training) {
   const int64_t threads = at::get_num_threads();
-  const int64_t weight_bytes = 4 * (4 * d.D * d.D + 2 * d.D * d.hidden);
+  const int64_t weight_bytes = 4 * (4 * d.D * d.D + d.D * (d.fc1 + d.hidden));
   const bool small = weight_bytes <= kSmallWeightBytes;
   Plan plan;
   plan.wide = threads > 1 && !small && (d.R + threads - 1) / threads < kReuseRows;
@@ -219,13 +261,68 @@ void attention_forward(const Dims& d, const RowKernels& k, float scale, const to
   });
 }
 
-// rows (r1 - r0) of out (.., out_features) = bias + in (.., in_features) W^T, out and in starting at row r0.
+// rows (r1 - r0) of out (.., out_features; row stride ld, 0: out_features) = bias + in (.., in_features) W^T, out
+// and in starting at row r0.
 void linear_rows(int64_t r0, int64_t r1, const float* in, const torch::Tensor& weight, const torch::Tensor& bias,
-                 float* out) {
+                 float* out, int64_t ld = 0) {
   const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  const float beta = bias_rows(data_or_null(bias), r1 - r0, out_features, out);
+  if (ld == 0) ld = out_features;
+  const float beta = bias_rows(data_or_null(bias), r1 - r0, out_features, out, ld);
   sgemm('N', 'T', r1 - r0, out_features, in_features, 1.0f, in, in_features, weight.data_ptr<float>(), in_features,
-        beta, out, out_features);
+        beta, out, ld);
+}
+
+// fc1 on rows [r0, r1): its output (.., d.fc1), gated: the gates' products then the values'.
+void fc1_rows(const Dims& d, const BlockParameters& p, int64_t r0, int64_t r1, const float* in, float* out) {
+  linear_rows(r0, r1, in, p.fc1_weight, p.fc1_bias, out, d.fc1);
+  if (d.gated) linear_rows(r0, r1, in, p.fc1v_weight, p.fc1v_bias, out + d.hidden, d.fc1);
+}
+
+// ---- rotary embeddings ----
+
+// Rotates one head's hd channels in place by angles whose sines and cosines are sin, cos (hd each): x cos + rot(x)
+// sin, rot pairing channel i with i + hd/2 (rotate_half: rot(x) = [-x2, x1]) or 2i with 2i + 1 ([-x1, x0, ...]), as
+// apply_rope (model/rope.h). transpose: the backward, dx = dy cos - rot(dy sin) (rot is antisymmetric).
+void rotate_head(float* x, int64_t hd, const float* sin, const float* cos, bool rotate_half, bool transpose) {
+  float u[kMaxRotaryHeadDim];
+  for (int64_t i = 0; i < hd; ++i) u[i] = transpose ? x[i] * sin[i] : x[i];
+  const int64_t half = hd / 2;
+  for (int64_t i = 0; i < hd; ++i) {
+    float rot;  // rot(u)_i
+    if (rotate_half) {
+      rot = i < half ? -u[i + half] : u[i - half];
+    } else {
+      rot = i % 2 == 0 ? -u[i + 1] : u[i - 1];
+    }
+    x[i] = transpose ? x[i] * cos[i] - rot : u[i] * cos[i] + rot * sin[i];
+  }
+}
+
+// Rotates row r's queries and keys (each nh x hd, keys at +D in a row of qkv or of its gradient) by the table, unless
+// the row is a prefix token's.
+void rotate_row(const Dims& d, const BlockParameters& p, const BlockShape& shape, int64_t r, float* row,
+                bool transpose) {
+  const int64_t token = r % d.N - shape.prefix;
+  if (token < 0) return;
+  const int64_t patches = d.N - shape.prefix;
+  const bool per_head = p.rope.dim() == 3;
+  const float* table = p.rope.data_ptr<float>();
+  for (int64_t h = 0; h < d.heads; ++h) {
+    const float* entry = table + ((per_head ? h * patches : 0) + token) * 2 * d.hd;  // sin, then cos
+    for (const int64_t part : {int64_t{0}, d.D}) {
+      rotate_head(row + part + h * d.hd, d.hd, entry, entry + d.hd, shape.rotate_half, transpose);
+    }
+  }
+}
+
+// One norm over one row of D (the block's two are of one kind); mean_out and rstd_out as layer_norm_row's.
+void norm_row(const RowKernels& k, NormLayer kind, const float* x, int64_t D, float eps, const torch::Tensor& weight,
+              const torch::Tensor& bias, float* out, float* mean_out, float* rstd_out) {
+  if (kind == NormLayer::rmsnorm) {
+    k.rms_norm_row(x, D, eps, weight.data_ptr<float>(), out, rstd_out);
+  } else {
+    k.layer_norm_row(x, D, eps, weight.data_ptr<float>(), bias.data_ptr<float>(), out, mean_out, rstd_out);
+  }
 }
 
 torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, const BlockShape& shape,
@@ -244,24 +341,30 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
   auto full = [&](int64_t width) { return torch::empty({d.R, width}, options); };
   Saved s;
 
-  // Region 1, rows: norm1, then qkv.
+  // Region 1, rows: norm1, then qkv, then the rotary embeddings on its queries and keys (kept rotated: what the
+  // attention's backward reads).
   s.xn1 = full(d.D);
   s.qkv = full(3 * d.D);  // (R, 3D): q, k, v, each (nh, hd)
   if (training) s.mean1 = torch::empty({d.R}, options), s.rstd1 = torch::empty({d.R}, options);
   float *xn1 = s.xn1.data_ptr<float>(), *qkv = s.qkv.data_ptr<float>();
   float *mean1 = data_or_null(s.mean1), *rstd1 = data_or_null(s.rstd1);
-  run_steps(d.R, plan,
-            {{false,
-              [&](int64_t r0, int64_t r1) {
-                for (int64_t r = r0; r < r1; ++r) {
-                  k.layer_norm_row(xp + r * d.D, d.D, eps, p.norm1_weight.data_ptr<float>(),
-                                   p.norm1_bias.data_ptr<float>(), xn1 + r * d.D, training ? mean1 + r : nullptr,
-                                   training ? rstd1 + r : nullptr);
-                }
-              }},
-             {true, [&](int64_t r0, int64_t r1) {
-                linear_rows(r0, r1, xn1 + r0 * d.D, p.qkv_weight, p.qkv_bias, qkv + r0 * 3 * d.D);
-              }}});
+  std::vector<Step> region1{{false,
+                             [&](int64_t r0, int64_t r1) {
+                               for (int64_t r = r0; r < r1; ++r) {
+                                 norm_row(k, shape.norm, xp + r * d.D, d.D, eps, p.norm1_weight, p.norm1_bias,
+                                          xn1 + r * d.D, training ? mean1 + r : nullptr,
+                                          training ? rstd1 + r : nullptr);
+                               }
+                             }},
+                            {true, [&](int64_t r0, int64_t r1) {
+                               linear_rows(r0, r1, xn1 + r0 * d.D, p.qkv_weight, p.qkv_bias, qkv + r0 * 3 * d.D);
+                             }}};
+  if (p.rope.numel() > 0) {
+    region1.push_back({false, [&](int64_t r0, int64_t r1) {
+                         for (int64_t r = r0; r < r1; ++r) rotate_row(d, p, shape, r, qkv + r * 3 * d.D, false);
+                       }});
+  }
+  run_steps(d.R, plan, region1);
 
   // Region 2: attention.
   s.att = full(d.D);  // (R, D), heads concatenated
@@ -270,15 +373,16 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
 
   // Region 3, rows: proj, the residual add fused with norm2, fc1, its activation, fc2, the residual. What training
   // keeps goes to whole tensors; in inference y goes straight into out, the rest into temporaries (the MLP's
-  // output over the spent proj output).
+  // output over the spent proj output; a plain MLP's activations over fc1's output).
   auto out = full(d.D);  // (R, D)
   if (training) {
-    s.a = full(d.D), s.y = full(d.D), s.xn2 = full(d.D), s.h = full(d.hidden), s.g = full(d.hidden);
+    s.a = full(d.D), s.y = full(d.D), s.xn2 = full(d.D), s.h = full(d.fc1), s.g = full(d.hidden);
     s.mean2 = torch::empty({d.R}, options), s.rstd2 = torch::empty({d.R}, options);
     if (gamma2 != nullptr) s.m = full(d.D);
   }
   const Temporary spare(plan, 0, d.R, d.D, options, !training || gamma2 == nullptr);  // a (inference), m
-  const Temporary xn2_temp(plan, 1, d.R, d.D, options, !training), h_temp(plan, 2, d.R, d.hidden, options, !training);
+  const Temporary xn2_temp(plan, 1, d.R, d.D, options, !training), h_temp(plan, 2, d.R, d.fc1, options, !training);
+  const Temporary g_temp(plan, 3, d.R, d.hidden, options, !training && d.gated);
   const float* att = s.att.data_ptr<float>();
   float* out_p = out.data_ptr<float>();
   // Rows [r0, r1) of a kept tensor (training) or of a temporary (inference), starting at row r0.
@@ -290,7 +394,8 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
     return training && gamma2 != nullptr ? s.m.data_ptr<float>() + r0 * d.D : spare.rows(r0, r1);
   };
   auto g_rows = [&](int64_t r0, int64_t r1) {
-    return training ? s.g.data_ptr<float>() + r0 * d.hidden : h_temp.rows(r0, r1);  // in place over h
+    if (training) return s.g.data_ptr<float>() + r0 * d.hidden;
+    return d.gated ? g_temp.rows(r0, r1) : h_temp.rows(r0, r1);  // a plain MLP's in place over h
   };
   float *mean2 = data_or_null(s.mean2), *rstd2 = data_or_null(s.rstd2);
   run_steps(
@@ -306,18 +411,17 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
           for (int64_t i = 0; i < r1 - r0; ++i) {
             const int64_t r = r0 + i;
             k.add_branch_row(xp + r * d.D, a + i * d.D, gamma1, keep_at(keep1, r, d.N), d.D, y + i * d.D);
-            k.layer_norm_row(y + i * d.D, d.D, eps, p.norm2_weight.data_ptr<float>(), p.norm2_bias.data_ptr<float>(),
-                             xn2 + i * d.D, training ? mean2 + r : nullptr, training ? rstd2 + r : nullptr);
+            norm_row(k, shape.norm, y + i * d.D, d.D, eps, p.norm2_weight, p.norm2_bias, xn2 + i * d.D,
+                     training ? mean2 + r : nullptr, training ? rstd2 + r : nullptr);
           }
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
-          linear_rows(r0, r1, rows_of(s.xn2, xn2_temp, r0, r1), p.fc1_weight, p.fc1_bias,
-                      rows_of(s.h, h_temp, r0, r1));
+          fc1_rows(d, p, r0, r1, rows_of(s.xn2, xn2_temp, r0, r1), rows_of(s.h, h_temp, r0, r1));
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
-          activation_forward(rows_of(s.h, h_temp, r0, r1), g_rows(r0, r1), (r1 - r0) * d.hidden, shape.act);
+          mlp_activation(rows_of(s.h, h_temp, r0, r1), g_rows(r0, r1), r1 - r0, d.hidden, d.gated, shape.act);
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
@@ -344,10 +448,10 @@ struct Partials {
 };
 
 // Gradients, in BlockFunction's input order after x: norm1 w, b, qkv w, b, proj w, b, gamma1, norm2 w, b, fc1 w, b,
-// fc2 w, b, gamma2.
+// fc1v w, b, fc2 w, b, gamma2. Undefined for a parameter the block lacks.
 struct Gradients {
   torch::Tensor x, norm1_weight, norm1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, gamma1, norm2_weight,
-      norm2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, gamma2;
+      norm2_bias, fc1_weight, fc1_bias, fc1v_weight, fc1v_bias, fc2_weight, fc2_bias, gamma2;
 };
 
 // The backward's region 2: (image, head) pairs, d(attention output) datt (R, D) -> d(qkv) (R, 3D).
@@ -383,11 +487,23 @@ torch::Tensor attention_backward(const Dims& d, const RowKernels& k, float scale
   return dqkv;
 }
 
-// rows (r1 - r0) of dx (.., in_features) = dy (.., out_features) W, both starting at row r0.
-void linear_backward_rows(int64_t r0, int64_t r1, const float* dy, const torch::Tensor& weight, float* dx) {
+// rows (r1 - r0) of dx (.., in_features) = beta dx + dy (.., out_features; row stride ld, 0: out_features) W, both
+// starting at row r0.
+void linear_backward_rows(int64_t r0, int64_t r1, const float* dy, const torch::Tensor& weight, float* dx,
+                          int64_t ld = 0, float beta = 0.0f) {
   const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  sgemm('N', 'N', r1 - r0, in_features, out_features, 1.0f, dy, out_features, weight.data_ptr<float>(), in_features,
-        0.0f, dx, in_features);
+  sgemm('N', 'N', r1 - r0, in_features, out_features, 1.0f, dy, ld == 0 ? out_features : ld, weight.data_ptr<float>(),
+        in_features, beta, dx, in_features);
+}
+
+// One norm's backward over one row (norm_row's): dx = base + d(norm input); dw, db accumulate (db: layer norm only).
+void norm_backward_row(const RowKernels& k, NormLayer kind, const float* dout, const float* x, float mean, float rstd,
+                       const torch::Tensor& weight, int64_t D, const float* base, float* dx, float* dw, float* db) {
+  if (kind == NormLayer::rmsnorm) {
+    k.rms_norm_backward_row(dout, x, rstd, weight.data_ptr<float>(), D, base, dx, dw);
+  } else {
+    k.layer_norm_backward_row(dout, x, mean, rstd, weight.data_ptr<float>(), D, base, dx, dw, db);
+  }
 }
 
 Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const BlockShape& shape,
@@ -405,20 +521,21 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
   const float* dout = grad_out.data_ptr<float>();
   auto full = [&](int64_t width) { return torch::empty({d.R, width}, options); };
 
-  Partials dgamma1(d.D, options), dgamma2(d.D, options), dproj_bias(d.D, options), dfc1_bias(d.hidden, options),
+  Partials dgamma1(d.D, options), dgamma2(d.D, options), dproj_bias(d.D, options), dfc1_bias(d.fc1, options),
       dfc2_bias(d.D, options), dnorm2_w(d.D, options), dnorm2_b(d.D, options), dnorm1_w(d.D, options),
       dnorm1_b(d.D, options), dqkv_bias(3 * d.D, options);
 
   // Region 1, rows: the MLP branch and norm2 back to the residual stream y, then LayerScale and proj back to the
   // attention's output. The whole-row tensors are what the weight gradients read.
   auto dm = full(d.D);        // d(fc2 output)
-  auto dh = full(d.hidden);   // d(fc1 output), before the activation
+  auto dh = full(d.fc1);      // d(fc1 output), before the activation
+  auto dg = d.gated ? full(d.hidden) : dh;  // d(fc2 input): a plain MLP's over dh, in place
   auto dy = full(d.D);        // d(y), the residual stream between the branches
   auto da = full(d.D);        // d(proj output)
   auto datt = full(d.D);      // d(attention output), heads concatenated
   const Temporary dxn2(plan, 0, d.R, d.D, options);
-  float *dm_p = dm.data_ptr<float>(), *dh_p = dh.data_ptr<float>(), *dy_p = dy.data_ptr<float>(),
-        *da_p = da.data_ptr<float>();
+  float *dm_p = dm.data_ptr<float>(), *dh_p = dh.data_ptr<float>(), *dg_p = dg.data_ptr<float>(),
+        *dy_p = dy.data_ptr<float>(), *da_p = da.data_ptr<float>();
   run_steps(
       d.R, plan,
       {{false,
@@ -431,30 +548,33 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
-          linear_backward_rows(r0, r1, dm_p + r0 * d.D, p.fc2_weight, dh_p + r0 * d.hidden);
+          linear_backward_rows(r0, r1, dm_p + r0 * d.D, p.fc2_weight, dg_p + r0 * d.hidden);
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
-          activation_backward(s.h.data_ptr<float>() + r0 * d.hidden, dh_p + r0 * d.hidden, (r1 - r0) * d.hidden,
-                              shape.act);
+          mlp_activation_backward(s.h.data_ptr<float>() + r0 * d.fc1, dg_p + r0 * d.hidden, dh_p + r0 * d.fc1, r1 - r0,
+                                  d.hidden, d.gated, shape.act);
         }},
        {false,
         [&](int64_t r0, int64_t r1) {
           float* dfc1_b = dfc1_bias.mine();
-          for (int64_t r = r0; r < r1; ++r) k.add_row(dh_p + r * d.hidden, d.hidden, dfc1_b);
+          for (int64_t r = r0; r < r1; ++r) k.add_row(dh_p + r * d.fc1, d.fc1, dfc1_b);
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
-          linear_backward_rows(r0, r1, dh_p + r0 * d.hidden, p.fc1_weight, dxn2.rows(r0, r1));
+          linear_backward_rows(r0, r1, dh_p + r0 * d.fc1, p.fc1_weight, dxn2.rows(r0, r1), d.fc1);
+          if (d.gated) {
+            linear_backward_rows(r0, r1, dh_p + r0 * d.fc1 + d.hidden, p.fc1v_weight, dxn2.rows(r0, r1), d.fc1, 1.0f);
+          }
         }},
        {false,
         [&](int64_t r0, int64_t r1) {
           const float* dxn = dxn2.rows(r0, r1);
           for (int64_t i = 0; i < r1 - r0; ++i) {
             const int64_t r = r0 + i;
-            k.layer_norm_backward_row(dxn + i * d.D, s.y.data_ptr<float>() + r * d.D, s.mean2.data_ptr<float>()[r],
-                                      s.rstd2.data_ptr<float>()[r], p.norm2_weight.data_ptr<float>(), d.D,
-                                      dout + r * d.D, dy_p + r * d.D, dnorm2_w.mine(), dnorm2_b.mine());
+            norm_backward_row(k, shape.norm, dxn + i * d.D, s.y.data_ptr<float>() + r * d.D,
+                              s.mean2.data_ptr<float>()[r], s.rstd2.data_ptr<float>()[r], p.norm2_weight, d.D,
+                              dout + r * d.D, dy_p + r * d.D, dnorm2_w.mine(), dnorm2_b.mine());
             k.branch_backward_row(dy_p + r * d.D, s.a.data_ptr<float>() + r * d.D, gamma1, keep_at(keep1, r, d.N),
                                   d.D, da_p + r * d.D, gamma1 ? dgamma1.mine() : nullptr, dproj_bias.mine());
           }
@@ -464,63 +584,85 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
         }}});
 
   Gradients grads;
-  // Weight gradients, whole-batch products on every thread: (out, in) = d(out rows)^T (in rows).
-  auto weight_grad = [&](const torch::Tensor& dout_rows, const torch::Tensor& in_rows, const torch::Tensor& weight) {
+  // Weight gradients, whole-batch products on every thread: (out, in) = d(out rows)^T (in rows). dout_rows: R rows
+  // of out_features, row stride ld (0: out_features).
+  auto weight_grad = [&](const float* dout_rows, const torch::Tensor& in_rows, const torch::Tensor& weight,
+                         int64_t ld = 0) {
     if (!weight.requires_grad()) return torch::Tensor();
     const int64_t out_features = weight.size(0), in_features = weight.size(1);
     auto grad = torch::empty({out_features, in_features}, options);
-    sgemm('T', 'N', out_features, in_features, d.R, 1.0f, dout_rows.data_ptr<float>(), out_features,
+    sgemm('T', 'N', out_features, in_features, d.R, 1.0f, dout_rows, ld == 0 ? out_features : ld,
           in_rows.data_ptr<float>(), in_features, 0.0f, grad.data_ptr<float>(), in_features);
     return grad;
   };
-  grads.fc2_weight = weight_grad(dm, s.g, p.fc2_weight);
-  grads.fc1_weight = weight_grad(dh, s.xn2, p.fc1_weight);
-  grads.proj_weight = weight_grad(da, s.att, p.proj_weight);
-  dm.reset(), dh.reset(), da.reset();
+  grads.fc2_weight = weight_grad(dm_p, s.g, p.fc2_weight);
+  grads.fc1_weight = weight_grad(dh_p, s.xn2, p.fc1_weight, d.fc1);
+  if (d.gated) grads.fc1v_weight = weight_grad(dh_p + d.hidden, s.xn2, p.fc1v_weight, d.fc1);
+  grads.proj_weight = weight_grad(da_p, s.att, p.proj_weight);
+  dm.reset(), dh.reset(), dg.reset(), da.reset();
 
   // Region 2: the attention core's backward.
   const auto dqkv = attention_backward(d, k, scale, s, datt);
   datt.reset();
-  grads.qkv_weight = weight_grad(dqkv, s.xn1, p.qkv_weight);
 
-  // Region 3, rows: qkv and norm1 back to x, plus the residual path.
+  // Region 3, rows: the rotary embeddings' backward, then qkv and norm1 back to x, plus the residual path.
   auto dx = full(d.D);
   const Temporary dxn1(plan, 0, d.R, d.D, options);
-  const float* dqkv_p = dqkv.data_ptr<float>();
-  run_steps(d.R, plan,
-            {{false,
-              [&](int64_t r0, int64_t r1) {
-                float* dqkv_b = dqkv_bias.mine();
-                for (int64_t r = r0; r < r1; ++r) k.add_row(dqkv_p + r * 3 * d.D, 3 * d.D, dqkv_b);
-              }},
-             {true,
-              [&](int64_t r0, int64_t r1) {
-                linear_backward_rows(r0, r1, dqkv_p + r0 * 3 * d.D, p.qkv_weight, dxn1.rows(r0, r1));
-              }},
-             {false, [&](int64_t r0, int64_t r1) {
-                const float* dxn = dxn1.rows(r0, r1);
-                for (int64_t i = 0; i < r1 - r0; ++i) {
-                  const int64_t r = r0 + i;
-                  k.layer_norm_backward_row(dxn + i * d.D, x.data_ptr<float>() + r * d.D,
-                                            s.mean1.data_ptr<float>()[r], s.rstd1.data_ptr<float>()[r],
-                                            p.norm1_weight.data_ptr<float>(), d.D, dy_p + r * d.D,
-                                            dx.data_ptr<float>() + r * d.D, dnorm1_w.mine(), dnorm1_b.mine());
-                }
-              }}});
+  float* dqkv_p = dqkv.data_ptr<float>();
+  std::vector<Step> region3;
+  if (p.rope.numel() > 0) {
+    region3.push_back({false, [&](int64_t r0, int64_t r1) {
+                         for (int64_t r = r0; r < r1; ++r) rotate_row(d, p, shape, r, dqkv_p + r * 3 * d.D, true);
+                       }});
+  }
+  region3.insert(region3.end(),
+                 {{false,
+                   [&](int64_t r0, int64_t r1) {
+                     float* dqkv_b = dqkv_bias.mine();
+                     for (int64_t r = r0; r < r1; ++r) k.add_row(dqkv_p + r * 3 * d.D, 3 * d.D, dqkv_b);
+                   }},
+                  {true,
+                   [&](int64_t r0, int64_t r1) {
+                     linear_backward_rows(r0, r1, dqkv_p + r0 * 3 * d.D, p.qkv_weight, dxn1.rows(r0, r1));
+                   }},
+                  {false, [&](int64_t r0, int64_t r1) {
+                     const float* dxn = dxn1.rows(r0, r1);
+                     for (int64_t i = 0; i < r1 - r0; ++i) {
+                       const int64_t r = r0 + i;
+                       norm_backward_row(k, shape.norm, dxn + i * d.D, x.data_ptr<float>() + r * d.D,
+                                         s.mean1.data_ptr<float>()[r], s.rstd1.data_ptr<float>()[r], p.norm1_weight,
+                                         d.D, dy_p + r * d.D, dx.data_ptr<float>() + r * d.D, dnorm1_w.mine(),
+                                         dnorm1_b.mine());
+                     }
+                   }}});
+  run_steps(d.R, plan, region3);
+  grads.qkv_weight = weight_grad(dqkv_p, s.xn1, p.qkv_weight);
 
+  // A bias the block lacks had its partial sums computed all the same (cheaper than a branch per row).
+  auto present = [](const torch::Tensor& parameter, const Partials& sums) {
+    return parameter.numel() > 0 ? sums.total() : torch::Tensor();
+  };
   grads.x = dx.view(x.sizes());
-  grads.norm1_weight = dnorm1_w.total(), grads.norm1_bias = dnorm1_b.total();
-  if (p.qkv_bias.numel() > 0) grads.qkv_bias = dqkv_bias.total();
-  grads.proj_bias = dproj_bias.total();
+  grads.norm1_weight = dnorm1_w.total(), grads.norm1_bias = present(p.norm1_bias, dnorm1_b);
+  grads.qkv_bias = present(p.qkv_bias, dqkv_bias);
+  grads.proj_bias = present(p.proj_bias, dproj_bias);
   if (gamma1 != nullptr) grads.gamma1 = dgamma1.total();
-  grads.norm2_weight = dnorm2_w.total(), grads.norm2_bias = dnorm2_b.total();
-  grads.fc1_bias = dfc1_bias.total(), grads.fc2_bias = dfc2_bias.total();
+  grads.norm2_weight = dnorm2_w.total(), grads.norm2_bias = present(p.norm2_bias, dnorm2_b);
+  if (p.fc1_bias.numel() > 0) {
+    const auto fc1_bias = dfc1_bias.total();
+    grads.fc1_bias = fc1_bias.narrow(0, 0, d.hidden);
+    if (d.gated) grads.fc1v_bias = fc1_bias.narrow(0, d.hidden, d.hidden);
+  }
+  grads.fc2_bias = present(p.fc2_bias, dfc2_bias);
   if (gamma2 != nullptr) grads.gamma2 = dgamma2.total();
   return grads;
 }
 
-// Differentiable wrapper. Absent tensors (qkv bias, gammas, keep factors) come as empty (0) tensors: LibTorch 1.13's
-// custom functions reject undefined inputs.
+// Differentiable wrapper. Absent tensors (biases, fc1v, gammas, the rotary table, keep factors) come as empty (0)
+// tensors: LibTorch 1.13's custom functions reject undefined inputs. Inputs: x, the parameters in BlockParameters'
+// order, keep1, keep2, then the shape.
+constexpr int kParameters = 17;
+
 struct BlockFunction : torch::autograd::Function<BlockFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& norm1_weight,
                                const torch::Tensor& norm1_bias, const torch::Tensor& qkv_weight,
@@ -528,46 +670,68 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
                                const torch::Tensor& proj_bias, const torch::Tensor& gamma1,
                                const torch::Tensor& norm2_weight, const torch::Tensor& norm2_bias,
                                const torch::Tensor& fc1_weight, const torch::Tensor& fc1_bias,
+                               const torch::Tensor& fc1v_weight, const torch::Tensor& fc1v_bias,
                                const torch::Tensor& fc2_weight, const torch::Tensor& fc2_bias,
-                               const torch::Tensor& gamma2, const torch::Tensor& keep1, const torch::Tensor& keep2,
-                               int64_t heads, double scale, double eps, int64_t act) {
-    const BlockParameters p{norm1_weight, norm1_bias, qkv_weight, qkv_bias,  proj_weight, proj_bias,
-                            gamma1,       norm2_weight, norm2_bias, fc1_weight, fc1_bias, fc2_weight,
-                            fc2_bias,     gamma2};
-    const BlockShape shape{heads, scale, eps, static_cast<Activation>(act)};
+                               const torch::Tensor& gamma2, const torch::Tensor& rope, const torch::Tensor& keep1,
+                               const torch::Tensor& keep2, int64_t heads, double scale, double eps, int64_t act,
+                               int64_t norm, int64_t prefix, bool rotate_half) {
+    // clang-format off
+    const BlockParameters p{norm1_weight, norm1_bias,  qkv_weight,  qkv_bias,   proj_weight, proj_bias,
+                            gamma1,       norm2_weight, norm2_bias, fc1_weight, fc1_bias,    fc1v_weight,
+                            fc1v_bias,    fc2_weight,   fc2_bias,   gamma2,     rope};
+    // clang-format on
+    const BlockShape shape{heads,  scale,      eps, static_cast<Activation>(act), static_cast<NormLayer>(norm),
+                           prefix, rotate_half};
     Saved s;
     auto out = forward_pass(x, p, shape, keep1, keep2, &s);
     auto or_empty = [&](const torch::Tensor& t) { return t.defined() ? t : torch::empty({0}, x.options()); };
+    // clang-format off
     ctx->save_for_backward({x, norm1_weight, norm1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, gamma1,
-                            norm2_weight, norm2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, gamma2, keep1, keep2,
+                            norm2_weight, norm2_bias, fc1_weight, fc1_bias, fc1v_weight, fc1v_bias, fc2_weight,
+                            fc2_bias, gamma2, rope, keep1, keep2,
                             s.xn1, s.mean1, s.rstd1, s.qkv, s.probs, s.att, s.a, s.y, s.mean2, s.rstd2, s.xn2, s.h,
                             s.g, or_empty(s.m)});
+    // clang-format on
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["act"] = act;
+    ctx->saved_data["norm"] = norm;
+    ctx->saved_data["prefix"] = prefix;
+    ctx->saved_data["rotate_half"] = rotate_half;
     return out.view(x.sizes());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto v = ctx->get_saved_variables();
     const auto& x = v[0];
-    BlockParameters p{v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14]};
+    BlockParameters p{v[1],  v[2],  v[3],  v[4],  v[5],  v[6],  v[7],  v[8], v[9],
+                      v[10], v[11], v[12], v[13], v[14], v[15], v[16], v[17]};
     // Saved variables lose requires_grad; weight_grad asks it, so hand over what autograd needs instead.
     auto needs = [&](int index, torch::Tensor& t) { t = t.detach().requires_grad_(ctx->needs_input_grad(index)); };
-    needs(3, p.qkv_weight), needs(5, p.proj_weight), needs(10, p.fc1_weight), needs(12, p.fc2_weight);
-    const BlockShape shape{ctx->saved_data["heads"].toInt(), ctx->saved_data["scale"].toDouble(),
+    needs(3, p.qkv_weight), needs(5, p.proj_weight), needs(10, p.fc1_weight), needs(12, p.fc1v_weight),
+        needs(14, p.fc2_weight);
+    const BlockShape shape{ctx->saved_data["heads"].toInt(),
+                           ctx->saved_data["scale"].toDouble(),
                            ctx->saved_data["eps"].toDouble(),
-                           static_cast<Activation>(ctx->saved_data["act"].toInt())};
-    Saved s{v[17], v[18], v[19], v[20], v[21], v[22], v[23], v[24], v[25], v[26], v[27], v[28], v[29], v[30]};
-    const auto g = backward_pass(x, p, shape, v[15], v[16], s, grad_outputs[0].contiguous());
+                           static_cast<Activation>(ctx->saved_data["act"].toInt()),
+                           static_cast<NormLayer>(ctx->saved_data["norm"].toInt()),
+                           ctx->saved_data["prefix"].toInt(),
+                           ctx->saved_data["rotate_half"].toBool()};
+    const int keep = 1 + kParameters, saved = keep + 2;
+    Saved s{v[saved],     v[saved + 1], v[saved + 2], v[saved + 3],  v[saved + 4],  v[saved + 5],  v[saved + 6],
+            v[saved + 7], v[saved + 8], v[saved + 9], v[saved + 10], v[saved + 11], v[saved + 12], v[saved + 13]};
+    const auto g = backward_pass(x, p, shape, v[keep], v[keep + 1], s, grad_outputs[0].contiguous());
     auto only = [&](int index, const torch::Tensor& t) { return ctx->needs_input_grad(index) ? t : torch::Tensor(); };
-    return {only(0, g.x),          only(1, g.norm1_weight), only(2, g.norm1_bias), g.qkv_weight,
-            only(4, g.qkv_bias),   g.proj_weight,           only(6, g.proj_bias),  only(7, g.gamma1),
-            only(8, g.norm2_weight), only(9, g.norm2_bias), g.fc1_weight,          only(11, g.fc1_bias),
-            g.fc2_weight,          only(13, g.fc2_bias),    only(14, g.gamma2),    torch::Tensor(),
-            torch::Tensor(),       torch::Tensor(),         torch::Tensor(),       torch::Tensor(),
-            torch::Tensor()};
+    // clang-format off
+    variable_list grads{only(0, g.x),
+                        only(1, g.norm1_weight), only(2, g.norm1_bias), g.qkv_weight,         only(4, g.qkv_bias),
+                        g.proj_weight,           only(6, g.proj_bias),  only(7, g.gamma1),    only(8, g.norm2_weight),
+                        only(9, g.norm2_bias),   g.fc1_weight,          only(11, g.fc1_bias), g.fc1v_weight,
+                        only(13, g.fc1v_bias),   g.fc2_weight,          only(15, g.fc2_bias), only(16, g.gamma2)};
+    // clang-format on
+    grads.resize(grads.size() + 3 + 7);  // the rotary table, keep1, keep2 and the shape: none
+    return grads;
   }
 };
 
@@ -587,11 +751,12 @@ bool fused_block_applies(const torch::Tensor& x, const BlockParameters& p) {
   if (!fused_block_enabled() || !cpu_kernels_available() || !cpu_float(x) || x.dim() != 3 || x.numel() == 0) {
     return false;
   }
-  for (const auto* t : {&p.norm1_weight, &p.norm1_bias, &p.qkv_weight, &p.proj_weight, &p.proj_bias, &p.norm2_weight,
-                        &p.norm2_bias, &p.fc1_weight, &p.fc1_bias, &p.fc2_weight, &p.fc2_bias}) {
+  for (const auto* t :
+       {&p.norm1_weight, &p.qkv_weight, &p.proj_weight, &p.norm2_weight, &p.fc1_weight, &p.fc2_weight}) {
     if (!t->defined() || !cpu_float(*t)) return false;
   }
-  for (const auto* t : {&p.qkv_bias, &p.gamma1, &p.gamma2}) {
+  for (const auto* t : {&p.norm1_bias, &p.qkv_bias, &p.proj_bias, &p.gamma1, &p.norm2_bias, &p.fc1_bias, &p.fc1v_weight,
+                        &p.fc1v_bias, &p.fc2_bias, &p.gamma2, &p.rope}) {
     if (t->defined() && !cpu_float(*t)) return false;
   }
   return true;
@@ -601,31 +766,45 @@ torch::Tensor fused_block(const torch::Tensor& x, const BlockParameters& paramet
                           const torch::Tensor& keep1, const torch::Tensor& keep2) {
   TORCH_CHECK(fused_block_applies(x, parameters), "fused block: needs CPU float32 (B, N, D) input and parameters, got ",
               x.sizes(), " ", x.scalar_type(), " on ", x.device());
+  TORCH_CHECK(shape.norm == NormLayer::rmsnorm || (parameters.norm1_bias.defined() && parameters.norm2_bias.defined()),
+              "fused block: layer norm without a bias");
+  TORCH_CHECK(!parameters.fc1v_weight.defined() || parameters.fc1_bias.defined() == parameters.fc1v_bias.defined(),
+              "fused block: a gated MLP with a bias on only one of fc1 and fc1v");
+  if (const auto& rope = parameters.rope; rope.defined()) {
+    const int64_t N = x.size(1), hd = x.size(2) / shape.heads;
+    TORCH_CHECK(!rope.requires_grad() && (rope.dim() == 2 || (rope.dim() == 3 && rope.size(0) == shape.heads)) &&
+                    rope.size(-2) == N - shape.prefix && rope.size(-1) == 2 * hd && hd % 2 == 0 &&
+                    hd <= kMaxRotaryHeadDim,
+                "fused block: rotary table ", rope.sizes(), " does not fit ", N - shape.prefix,
+                " patch tokens of head dim ", hd, " and ", shape.heads, " heads (or asks for a gradient)");
+  }
   auto contiguous = [](const torch::Tensor& t) { return t.defined() ? t.contiguous() : t; };
+  // clang-format off
   const BlockParameters p{contiguous(parameters.norm1_weight), contiguous(parameters.norm1_bias),
                           contiguous(parameters.qkv_weight),   contiguous(parameters.qkv_bias),
                           contiguous(parameters.proj_weight),  contiguous(parameters.proj_bias),
                           contiguous(parameters.gamma1),       contiguous(parameters.norm2_weight),
                           contiguous(parameters.norm2_bias),   contiguous(parameters.fc1_weight),
-                          contiguous(parameters.fc1_bias),     contiguous(parameters.fc2_weight),
-                          contiguous(parameters.fc2_bias),     contiguous(parameters.gamma2)};
+                          contiguous(parameters.fc1_bias),     contiguous(parameters.fc1v_weight),
+                          contiguous(parameters.fc1v_bias),    contiguous(parameters.fc2_weight),
+                          contiguous(parameters.fc2_bias),     contiguous(parameters.gamma2),
+                          contiguous(parameters.rope)};
+  const std::array<const torch::Tensor*, kParameters> all{
+      &p.norm1_weight, &p.norm1_bias,   &p.qkv_weight, &p.qkv_bias,   &p.proj_weight, &p.proj_bias,
+      &p.gamma1,       &p.norm2_weight, &p.norm2_bias, &p.fc1_weight, &p.fc1_bias,    &p.fc1v_weight,
+      &p.fc1v_bias,    &p.fc2_weight,   &p.fc2_bias,   &p.gamma2,     &p.rope};
+  // clang-format on
   const auto input = x.contiguous();
   const auto keep_1 = contiguous(keep1), keep_2 = contiguous(keep2);
-  bool grad = false;
-  if (torch::GradMode::is_enabled()) {
-    for (const auto* t : {&input, &p.norm1_weight, &p.norm1_bias, &p.qkv_weight, &p.qkv_bias, &p.proj_weight,
-                          &p.proj_bias, &p.gamma1, &p.norm2_weight, &p.norm2_bias, &p.fc1_weight, &p.fc1_bias,
-                          &p.fc2_weight, &p.fc2_bias, &p.gamma2}) {
-      grad = grad || (t->defined() && t->requires_grad());
-    }
-  }
+  bool grad = torch::GradMode::is_enabled() && input.requires_grad();
+  for (const auto* t : all) grad = grad || (torch::GradMode::is_enabled() && t->defined() && t->requires_grad());
   if (!grad) return forward_pass(input, p, shape, keep_1, keep_2, nullptr).view(x.sizes());
-  auto or_empty = [&](const torch::Tensor& t) { return t.defined() ? t : torch::empty({0}, x.options()); };
-  return BlockFunction::apply(input, p.norm1_weight, p.norm1_bias, p.qkv_weight, or_empty(p.qkv_bias), p.proj_weight,
-                              p.proj_bias, or_empty(p.gamma1), p.norm2_weight, p.norm2_bias, p.fc1_weight,
-                              p.fc1_bias, p.fc2_weight, p.fc2_bias, or_empty(p.gamma2), or_empty(keep_1),
-                              or_empty(keep_2), shape.heads, shape.scale, shape.eps,
-                              static_cast<int64_t>(shape.act));
+  auto e = [&](const torch::Tensor& t) { return t.defined() ? t : torch::empty({0}, x.options()); };
+  return BlockFunction::apply(
+      input, e(p.norm1_weight), e(p.norm1_bias), e(p.qkv_weight), e(p.qkv_bias), e(p.proj_weight), e(p.proj_bias),
+      e(p.gamma1), e(p.norm2_weight), e(p.norm2_bias), e(p.fc1_weight), e(p.fc1_bias), e(p.fc1v_weight), e(p.fc1v_bias),
+      e(p.fc2_weight), e(p.fc2_bias), e(p.gamma2), e(p.rope), e(keep_1), e(keep_2), shape.heads, shape.scale, shape.eps,
+      static_cast<int64_t>(shape.act), static_cast<int64_t>(shape.norm), shape.prefix, shape.rotate_half);
 }
 
 }  // namespace vit

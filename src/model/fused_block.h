@@ -4,8 +4,9 @@
 // norm is fused with the residual add, bias and activation run on a product's output while it is still in cache, and
 // the backward is written out (weight gradients as whole-batch products between the regions).
 //
-// It covers timm's pre-norm block with LayerScale or not, qkv with or without bias, the three activations and
-// stochastic depth; BlockImpl falls back to the per-operator path for everything else (model/vit.cpp says which).
+// It covers timm's pre-norm block with LayerNorm or RmsNorm, LayerScale or not, every bias present or not, the four
+// activations, a plain or gated (SwiGLU) MLP, rotary position embeddings (Eva's, given as a table) and stochastic
+// depth; BlockImpl falls back to the per-operator path for everything else (model/layers.cpp says which).
 //
 // Shape key: B batch, N tokens, D embed dim, nh heads, hd head dim (D / nh), Hd MLP hidden width, R = B*N rows.
 #pragma once
@@ -16,8 +17,10 @@
 
 namespace vit {
 
-// A block's parameters under timm's names. gamma1/gamma2 (ls1, ls2) undefined without LayerScale, qkv_bias
-// undefined without qkv_bias.
+// A block's parameters under timm's names. Every bias and gamma1/gamma2 (ls1, ls2) may be undefined: the norms'
+// under RmsNorm, qkv_bias without qkv_bias, the others without proj_bias, the gammas without LayerScale. A gated MLP
+// (SwiGLU) has its gates' rows in fc1 and its values' rows in fc1v (timm's fc1_g and fc1_x; a packed fc1's two
+// halves); fc1v is undefined for a plain MLP.
 struct BlockParameters {
   torch::Tensor norm1_weight, norm1_bias;  // (D)
   torch::Tensor qkv_weight, qkv_bias;      // (3D, D), (3D)
@@ -25,15 +28,22 @@ struct BlockParameters {
   torch::Tensor gamma1;                    // (D)
   torch::Tensor norm2_weight, norm2_bias;  // (D)
   torch::Tensor fc1_weight, fc1_bias;      // (Hd, D), (Hd)
+  torch::Tensor fc1v_weight, fc1v_bias;    // (Hd, D), (Hd)
   torch::Tensor fc2_weight, fc2_bias;      // (D, Hd), (D)
   torch::Tensor gamma2;                    // (D)
+  // Rotary embeddings: sin then cos (hd each) for every patch token, shared by the heads (Np, 2 hd) or per head
+  // (nh, Np, 2 hd), as RotaryEmbedding::embed gives them; undefined without. A table, not differentiated.
+  torch::Tensor rope;
 };
 
 struct BlockShape {
   int64_t heads = 1;
   double scale = 1.0;  // attention's q scale, 1/sqrt(hd)
-  double eps = 1e-6;   // both layer norms'
-  Activation act = Activation::gelu;
+  double eps = 1e-6;   // both norms'
+  Activation act = Activation::gelu;  // the MLP's, or a gated MLP's gates'
+  NormLayer norm = NormLayer::layernorm;
+  int64_t prefix = 0;        // tokens before the patch tokens that the rotary table rotates
+  bool rotate_half = false;  // rotary pairs: channel i with i + hd/2, else 2i with 2i + 1 (model/rope.h)
 };
 
 // False when the environment says VIT_FUSED_BLOCK=0 (every block then runs operator by operator, for comparisons).
@@ -43,9 +53,10 @@ bool fused_block_enabled();
 // CPU kernels are available (model/cpu_kernels.h; VIT_CPU_KERNELS=aten turns them off) and fused_block_enabled().
 bool fused_block_applies(const torch::Tensor& x, const BlockParameters& parameters);
 
-// y = x + keep1 * gamma1 * attn(norm1(x)); out = y + keep2 * gamma2 * mlp(norm2(y)), as timm's Block. keep1, keep2:
-// stochastic depth's per-image factors (B) (0 or 1 / keep probability), undefined for none. Differentiable in x and
-// every parameter; the backward is explicit.
+// y = x + keep1 * gamma1 * attn(norm1(x)); out = y + keep2 * gamma2 * mlp(norm2(y)), as timm's Block (Eva's with
+// a rotary table: the patch tokens' queries and keys rotated after qkv). mlp(z) is fc2(act(fc1(z))), or
+// fc2(act(fc1(z)) * fc1v(z)) when gated. keep1, keep2: stochastic depth's per-image factors (B) (0 or 1 / keep
+// probability), undefined for none. Differentiable in x and every parameter; the backward is explicit.
 torch::Tensor fused_block(const torch::Tensor& x, const BlockParameters& parameters, const BlockShape& shape,
                           const torch::Tensor& keep1 = {}, const torch::Tensor& keep2 = {});
 

@@ -363,20 +363,14 @@ BlockImpl::BlockImpl(const ModelConfig& config, double drop_path_rate, int64_t l
   if (config.init_values && eva && !config.attn_only_layer_scale) {
     gamma_2 = register_parameter("gamma_2", torch::full({dim}, *config.init_values));
   }
-  rotary = config.use_rot_pos_emb;
   post_norm = config.use_post_norm;
 }
 
 std::string BlockImpl::fused_refusal() const {
-  if (rotary) return "rotary position embeddings (use_rot_pos_emb)";
   if (post_norm) return "use_post_norm";
-  if (mlp->kind != MlpKind::plain) return "a SwiGLU MLP";
-  if (norm1->kind != NormLayer::layernorm) return "norm_layer rmsnorm";
-  if (!attn->proj->bias.defined()) return "proj_bias false";
-  if (mlp->act == Activation::silu) return "act_layer silu";
   if (mlp->norm) return "scale_mlp";
   if (attn->norm) return "scale_attn_inner";
-  if (!attn->plain_qkv()) return "Eva's q_bias / v_bias or q_proj / k_proj / v_proj";
+  if (!attn->qkv) return "separate q_proj / k_proj / v_proj (qkv_fused false)";
   if (attn->q_norm) return "qk_norm";
   if (attn->relative_position_bias_table.defined()) return "rel_pos_bias";
   if (is_training() && (attn->attn_drop > 0.0 || attn->proj_drop > 0.0)) {
@@ -391,20 +385,47 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> 
   // attention kernel) and the model's options are covered.
   if (fused && probs_out == nullptr && !mask.defined() && !attn->head_mask.defined() &&
       attn->kernel == AttentionKernel::automatic) {
-    const auto refusal = fused_refusal();
+    auto refusal = fused_refusal();
+    if (refusal.empty() && rope.defined() && rope.requires_grad()) {
+      refusal = "rope_type mixed with gradients (learned rope.freqs)";
+    }
     if (refusal.empty() && !attn->qkv->packed) {
-      // clang-format off
-      const BlockParameters parameters{norm1->weight,      norm1->bias,      attn->qkv->weight, attn->qkv->bias,
-                                       attn->proj->weight, attn->proj->bias, ls1 ? ls1->gamma : torch::Tensor(),
-                                       norm2->weight,      norm2->bias,      mlp->fc1->weight,  mlp->fc1->bias,
-                                       mlp->fc2->weight,   mlp->fc2->bias,   ls2 ? ls2->gamma : torch::Tensor()};
-      // clang-format on
+      BlockParameters parameters;
+      parameters.norm1_weight = norm1->weight, parameters.norm1_bias = norm1->bias;
+      parameters.qkv_weight = attn->qkv->weight, parameters.qkv_bias = attn->qkv->bias;
+      if (attn->q_bias.defined()) {  // EvaAttention's: the key's is zero
+        parameters.qkv_bias = torch::cat({attn->q_bias, torch::zeros_like(attn->q_bias), attn->v_bias});
+      }
+      parameters.proj_weight = attn->proj->weight, parameters.proj_bias = attn->proj->bias;
+      parameters.gamma1 = ls1 ? ls1->gamma : gamma_1;
+      parameters.norm2_weight = norm2->weight, parameters.norm2_bias = norm2->bias;
+      parameters.fc2_weight = mlp->fc2->weight, parameters.fc2_bias = mlp->fc2->bias;
+      parameters.gamma2 = ls2 ? ls2->gamma : gamma_2;
+      parameters.rope = rope;
+      const int64_t hidden = mlp->fc2->weight.size(1);
+      auto half = [&](const torch::Tensor& t, int64_t part) {  // a packed fc1's gates (0) or values (1): rows
+        return t.defined() ? t.narrow(0, part * hidden, hidden) : t;
+      };
+      switch (mlp->kind) {
+        case MlpKind::plain:
+          parameters.fc1_weight = mlp->fc1->weight, parameters.fc1_bias = mlp->fc1->bias;
+          break;
+        case MlpKind::swiglu_packed:
+          parameters.fc1_weight = half(mlp->fc1->weight, 0), parameters.fc1_bias = half(mlp->fc1->bias, 0);
+          parameters.fc1v_weight = half(mlp->fc1->weight, 1), parameters.fc1v_bias = half(mlp->fc1->bias, 1);
+          break;
+        case MlpKind::swiglu_split:
+          parameters.fc1_weight = mlp->fc1_g->weight, parameters.fc1_bias = mlp->fc1_g->bias;
+          parameters.fc1v_weight = mlp->fc1_x->weight, parameters.fc1v_bias = mlp->fc1_x->bias;
+          break;
+      }
       if (fused_block_applies(x, parameters)) {
         const int64_t B = x.size(0);
         // Drawn in the order the per-operator path draws them (after attention, after the MLP): same seed, same drops.
         const auto keep1 = drop_path_keep(B, drop_path_rate, is_training(), x.options());
         const auto keep2 = drop_path_keep(B, drop_path_rate, is_training(), x.options());
-        const BlockShape shape{attn->num_heads, attn->scale, norm1->eps, mlp->act};
+        const BlockShape shape{attn->num_heads,     attn->scale,           norm1->eps, mlp->act, norm1->kind,
+                               attn->prefix_tokens, attn->rope_rotate_half};
         return fused_block(x, parameters, shape, keep1, keep2);
       }
     } else if (!refusal.empty() && fused_block_enabled() && cpu_kernels_available() && x.device().is_cpu() &&

@@ -96,8 +96,6 @@ struct AttentionImpl : torch::nn::Module {
   // x (B, N, D) -> q, k, v side by side (B, N, 3D), through whichever projections the model has (not with
   // grouped-query attention: its k and v are narrower).
   torch::Tensor project_qkv(const torch::Tensor& x);
-  // Whether the projections are the plain fused qkv (with its own bias or none), as the fused kernels read them.
-  bool plain_qkv() const { return qkv && !q_bias.defined(); }
 
   Linear qkv{nullptr}, proj{nullptr};
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};  // qkv_fused false (Eva)
@@ -178,7 +176,6 @@ struct BlockImpl : torch::nn::Module {
   Mlp mlp{nullptr};
   LayerScale ls1{nullptr}, ls2{nullptr};  // only when init_values is set (VisionTransformer's names)
   torch::Tensor gamma_1, gamma_2;         // the same with model_class eva (gamma_2 absent with attn_only_layer_scale)
-  bool rotary = false;                    // the model gives this block a rotary table
   bool post_norm = false;                 // use_post_norm: the norms after the branches (EvaBlockPostNorm)
   double drop_path_rate;                  // stochastic depth probability of this block
   bool fused = true;  // may take the fused CPU block; false keeps the per-operator path (tests compare them)

@@ -25,6 +25,11 @@ struct RowKernels {
   // xhat = (x - mean) rstd; dw += dout xhat, db += dout.
   void (*layer_norm_backward_row)(const float* dout, const float* x, float mean, float rstd, const float* w, int64_t D,
                                   const float* base, float* dx, float* dw, float* db);
+  // RmsNorm over one row of D: out = x rstd w, rstd = 1 / sqrt(mean(x^2) + eps), rstd_out receiving it unless null.
+  void (*rms_norm_row)(const float* x, int64_t D, float eps, const float* w, float* out, float* rstd_out);
+  // Its backward: dx = base + rstd (g - xhat mean(g xhat)), g = dout w, xhat = x rstd; dw += dout xhat.
+  void (*rms_norm_backward_row)(const float* dout, const float* x, float rstd, const float* w, int64_t D,
+                                const float* base, float* dx, float* dw);
   // out = base + branch gamma keep (gamma null without LayerScale): a residual add behind LayerScale and drop path.
   void (*add_branch_row)(const float* base, const float* branch, const float* gamma, float keep, int64_t D, float* out);
   // add_branch_row's backward towards the branch: dbranch = dout gamma keep; dgamma += dout keep branch (unless

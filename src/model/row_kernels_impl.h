@@ -126,6 +126,33 @@ void layer_norm_backward_row(const float* dout, const float* x, float mean, floa
   }
 }
 
+// RmsNorm over one row: out = x rstd w with rstd = 1 / sqrt(mean(x^2) + eps), kept where asked (training).
+void rms_norm_row(const float* x, int64_t D, float eps, const float* w, float* out, float* rstd_out) {
+  float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t j = 0; j < D; ++j) squares += x[j] * x[j];
+  const float rstd = 1.0f / std::sqrt(squares / static_cast<float>(D) + eps);
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) out[j] = x[j] * rstd * w[j];
+  if (rstd_out != nullptr) *rstd_out = rstd;
+}
+
+// RmsNorm's backward over one row: dx = base + rstd (g - xhat mean(g xhat)) with g = dout w and xhat = x rstd;
+// dw += dout xhat.
+void rms_norm_backward_row(const float* dout, const float* x, float rstd, const float* w, int64_t D, const float* base,
+                           float* dx, float* dw) {
+  float sum_g_xhat = 0.0f;
+#pragma omp simd reduction(+ : sum_g_xhat)
+  for (int64_t j = 0; j < D; ++j) {
+    const float xhat = x[j] * rstd;
+    sum_g_xhat += dout[j] * w[j] * xhat;
+    dw[j] += dout[j] * xhat;
+  }
+  const float mean_g_xhat = sum_g_xhat / static_cast<float>(D);
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) dx[j] = base[j] + rstd * (dout[j] * w[j] - x[j] * rstd * mean_g_xhat);
+}
+
 void add_row(const float* src, int64_t n, float* acc) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) acc[j] += src[j];
@@ -350,9 +377,12 @@ void short_attention_backward(const float* P, const float* dO, int64_t ld, const
 }  // namespace
 
 RowKernels table(const char* isa) {
-  return {isa,      &layer_norm_row, &layer_norm_backward_row, &add_branch_row,  &branch_backward_row,
-          &add_row, &softmax_rows,   &softmax_backward_rows,   &short_attention, &short_attention_backward,
+  // clang-format off
+  return {isa,           &layer_norm_row,        &layer_norm_backward_row, &rms_norm_row,
+          &rms_norm_backward_row, &add_branch_row, &branch_backward_row,   &add_row,
+          &softmax_rows, &softmax_backward_rows, &short_attention,         &short_attention_backward,
           &quantize_row, &scale_row};
+  // clang-format on
 }
 
 }  // namespace vit::VIT_ROW_KERNELS_ISA
