@@ -372,11 +372,12 @@ std::string activation(GraphBuilder& b, const std::string& x, const std::string&
   return b.op("Mul", {half_x, one_plus}, name);
 }
 
-// Reduces over the last dim, kept as size 1 (opset 18 moved Reduce*'s axes from an attribute to an input).
-std::string mean_last(GraphBuilder& b, const std::string& x, const std::string& name, int64_t opset) {
-  auto* mean = opset >= 18 ? b.node("ReduceMean", {x, b.ints({-1})}, name) : b.node("ReduceMean", {x}, name);
-  if (opset < 18) attribute(mean, "axes", std::vector<int64_t>{-1});
-  attribute(mean, "keepdims", int64_t{1});
+// The mean over one axis, kept as size 1 or dropped (opset 18 moved ReduceMean's axes from an attribute to an input).
+std::string reduce_mean(GraphBuilder& b, const std::string& x, const std::string& name, int64_t axis, bool keepdims,
+                        int64_t opset) {
+  auto* mean = opset >= 18 ? b.node("ReduceMean", {x, b.ints({axis})}, name) : b.node("ReduceMean", {x}, name);
+  if (opset < 18) attribute(mean, "axes", std::vector<int64_t>{axis});
+  attribute(mean, "keepdims", int64_t{keepdims ? 1 : 0});
   return name;
 }
 
@@ -386,7 +387,8 @@ std::string norm(GraphBuilder& b, Weights& w, const std::string& x, const std::s
                  double eps, int64_t opset) {
   auto scale = b.weight(name + ".weight", w.take(name + ".weight", {D}));
   if (kind == NormLayer::rmsnorm) {
-    auto mean_square = mean_last(b, b.op("Mul", {x, x}, name + ".squares"), name + ".mean_square", opset);
+    auto mean_square =
+        reduce_mean(b, b.op("Mul", {x, x}, name + ".squares"), name + ".mean_square", -1, /*keepdims=*/true, opset);
     auto rms = b.op("Sqrt",
                     {b.op("Add", {mean_square, b.scalar("rms_norm.eps", static_cast<float>(eps))}, name + ".plus_eps")},
                     name + ".rms");
@@ -819,12 +821,7 @@ std::string head(GraphBuilder& b, Weights& w, const std::string& x, const Geomet
     if (m.global_pool == GlobalPool::map) {
       pooled = attention_pool(b, w, patches, g, m, pool_probs);
     } else {
-      // Opset 18 moved ReduceMean's axes from an attribute to an input.
-      auto* mean = g.opset >= 18 ? b.node("ReduceMean", {patches, b.ints({1})}, "pooled")
-                                 : b.node("ReduceMean", {patches}, "pooled");  // (B, D)
-      if (g.opset < 18) attribute(mean, "axes", std::vector<int64_t>{1});
-      attribute(mean, "keepdims", int64_t{0});
-      pooled = "pooled";
+      pooled = reduce_mean(b, patches, "pooled", 1, /*keepdims=*/false, g.opset);  // (B, D)
     }
   }
   if (m.final_norm && m.use_fc_norm()) {

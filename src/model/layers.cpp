@@ -307,8 +307,7 @@ torch::Tensor activation(const torch::Tensor& x, Activation act) {
   throw std::logic_error("unknown activation");
 }
 
-MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act, MlpKind kind, const ModelConfig* inner_norm,
-                 bool bias)
+MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act, MlpKind kind, bool bias, Norm inner_norm)
     : drop(drop), act(act), kind(kind) {
   if (kind == MlpKind::swiglu_split) {
     fc1_g = register_module("fc1_g", Linear(dim, hidden, bias));
@@ -316,7 +315,7 @@ MlpImpl::MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act, MlpKi
   } else {
     fc1 = register_module("fc1", Linear(dim, kind == MlpKind::swiglu_packed ? 2 * hidden : hidden, bias));
   }
-  if (inner_norm != nullptr) norm = register_module("norm", make_norm(*inner_norm, hidden));
+  if (inner_norm) norm = register_module("norm", inner_norm);
   fc2 = register_module("fc2", Linear(hidden, dim, bias));
 }
 
@@ -357,8 +356,9 @@ BlockImpl::BlockImpl(const ModelConfig& config, double drop_path_rate, int64_t l
   const MlpKind kind = !config.gated_mlp()     ? MlpKind::plain
                        : config.swiglu_split() ? MlpKind::swiglu_split
                                                : MlpKind::swiglu_packed;
-  mlp = register_module("mlp", Mlp(dim, config.mlp_hidden(), config.proj_drop_rate, config.gate_activation(), kind,
-                                   config.scale_mlp ? &config : nullptr, config.proj_bias));
+  mlp = register_module(
+      "mlp", Mlp(dim, config.mlp_hidden(), config.proj_drop_rate, config.gate_activation(), kind, config.proj_bias,
+                 config.scale_mlp ? make_norm(config, config.mlp_hidden()) : nullptr));
   if (config.init_values && !eva) ls2 = register_module("ls2", LayerScale(dim, *config.init_values));
   if (config.init_values && eva && !config.attn_only_layer_scale) {
     gamma_2 = register_parameter("gamma_2", torch::full({dim}, *config.init_values));

@@ -123,10 +123,10 @@ torch::Tensor activation(const torch::Tensor& x, Activation act);
 enum class MlpKind { plain, swiglu_packed, swiglu_split };
 
 struct MlpImpl : torch::nn::Module {
-  // hidden: the activation's width (a packed SwiGLU's fc1 has twice as many rows). inner_norm: a norm on the hidden
-  // activations before fc2 (mlp.norm), of the model's norm_layer and epsilon. bias: on fc1 (fc1_g, fc1_x) and fc2.
+  // hidden: the activation's width (a packed SwiGLU's fc1 has twice as many rows). bias: on fc1 (fc1_g, fc1_x) and
+  // fc2. inner_norm: a norm over the hidden activations before fc2 (mlp.norm), registered as given; none if null.
   MlpImpl(int64_t dim, int64_t hidden, double drop, Activation act = Activation::gelu, MlpKind kind = MlpKind::plain,
-          const ModelConfig* inner_norm = nullptr, bool bias = true);
+          bool bias = true, Norm inner_norm = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
 
   Linear fc1{nullptr}, fc2{nullptr};
