@@ -199,8 +199,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // DINOv3 in transformers' own layout (DINOv3ViTModel.save_pretrained): a random two-block model, every weight
 // perturbed, loads with no config as timm's Eva and gives transformers' pooler output within 1e-4 and every block's
-// attention within 1e-5, at its size and two others (one rectangular): DINOv3's query and value biases with a GELU
-// MLP, and all three biases with the gated (SwiGLU) MLP.
+// attention within 1e-5, at its size and others (one rectangular): DINOv3's query and value biases with a GELU
+// MLP, all three biases with the gated (SwiGLU) MLP, and no bias at all (proj_bias and mlp_bias false).
 struct Dinov3Case {
   std::string name, args, sizes;
 };
@@ -252,7 +252,12 @@ INSTANTIATE_TEST_SUITE_P(
                    R"({"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
                        "num_register_tokens": 2, "image_size": 32, "use_gated_mlp": true, "hidden_act": "silu",
                        "key_bias": true, "layer_norm_eps": 1e-6, "rope_theta": 50.0})",
-                   "32x32,64x48,48x48"}),
+                   "32x32,64x48,48x48"},
+        Dinov3Case{"dinov3_no_biases",
+                   R"({"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": 32, "use_gated_mlp": true, "hidden_act": "silu", "query_bias": false,
+                       "value_bias": false, "proj_bias": false, "mlp_bias": false})",
+                   "32x32,48x32"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(TimmPresets, EveryPresetHasTimmsShapesNormsActivationAndSize) {

@@ -490,6 +490,13 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
   EXPECT_NE(refusal("dinov3_act", R"({"model_type": "dinov3_vit", "use_gated_mlp": true})")
                 .find("hidden_act \"gelu\" is not supported with use_gated_mlp true"),
             std::string::npos);
+  EXPECT_NE(refusal("dinov3_mlp_bias", R"({"model_type": "dinov3_vit", "mlp_bias": false})")
+                .find("mlp_bias differs from proj_bias"),
+            std::string::npos);
+  const auto unbiased = read_snapshot(
+      (refusal("dinov3_unbiased", R"({"model_type": "dinov3_vit", "proj_bias": false, "mlp_bias": false})"),
+       dir / "dinov3_unbiased"));
+  EXPECT_FALSE(unbiased.model.proj_bias);
   const auto dinov3 = read_snapshot((refusal("dinov3", R"({"model_type": "dinov3_vit", "image_size": 64})"), dir / "dinov3"));
   EXPECT_EQ(dinov3.model.model_class, ModelClass::eva);
   EXPECT_EQ(dinov3.model.rope_type, RopeType::dinov3);

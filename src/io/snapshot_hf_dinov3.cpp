@@ -127,6 +127,8 @@ std::map<std::string, std::vector<std::string>> dinov3_names(const ModelConfig& 
     // save_pretrained writes the blocks as "layer.N." (the hub's files); the module tree has them under "model.".
     const std::string layer = name.rfind("model.layer.", 0) == 0 ? "model.layer." : "layer.";
     if (name == "embeddings.mask_token") continue;  // masked-image pretraining's token: inference never reads it
+    // transformers keeps a (1, 0, D) register_tokens without registers; timm (and vit) have no reg_token then.
+    if (name == "embeddings.register_tokens" && m.reg_tokens == 0) continue;
     std::string ours;
     for (const auto& [from, to] : top) {
       if (ours.empty()) ours = renamed(name, from, to);
