@@ -205,10 +205,15 @@ torch::Tensor AttentionImpl::relative_bias(std::array<int64_t, 2> grid) {
   return bias.view({tokens, tokens, num_heads}).permute({2, 0, 1});          // (nh, N, N)
 }
 
+torch::Tensor AttentionImpl::qkv_bias() const {
+  if (!q_bias.defined()) return qkv->bias;
+  return torch::cat({q_bias, torch::zeros_like(q_bias), v_bias});  // (3D), as EvaAttention's
+}
+
 torch::Tensor AttentionImpl::project_qkv(const torch::Tensor& x) {
   if (!qkv) return torch::cat({q_proj->forward(x), k_proj->forward(x), v_proj->forward(x)}, -1);
   if (!q_bias.defined()) return qkv->forward(x);
-  const auto bias = torch::cat({q_bias, torch::zeros_like(q_bias), v_bias});         // (3D), as EvaAttention's
+  const auto bias = qkv_bias();
   if (qkv->packed && !torch::GradMode::is_enabled()) return qkv->forward(x) + bias;  // reduced precision
   return linear(x, qkv->weight, bias);
 }
@@ -379,6 +384,36 @@ std::string BlockImpl::fused_refusal() const {
   return {};
 }
 
+BlockParameters BlockImpl::fused_parameters(const torch::Tensor& rope) const {
+  BlockParameters p;
+  p.norm1_weight = norm1->weight, p.norm1_bias = norm1->bias;
+  p.qkv_weight = attn->qkv->weight, p.qkv_bias = attn->qkv_bias();
+  p.proj_weight = attn->proj->weight, p.proj_bias = attn->proj->bias;
+  p.gamma1 = ls1 ? ls1->gamma : gamma_1;
+  p.norm2_weight = norm2->weight, p.norm2_bias = norm2->bias;
+  p.fc2_weight = mlp->fc2->weight, p.fc2_bias = mlp->fc2->bias;
+  p.gamma2 = ls2 ? ls2->gamma : gamma_2;
+  p.rope = rope;
+  const int64_t hidden = mlp->fc2->weight.size(1);
+  auto half = [&](const torch::Tensor& t, int64_t part) {  // a packed fc1's gates (0) or values (1): rows
+    return t.defined() ? t.narrow(0, part * hidden, hidden) : t;
+  };
+  switch (mlp->kind) {
+    case MlpKind::plain:
+      p.fc1_weight = mlp->fc1->weight, p.fc1_bias = mlp->fc1->bias;
+      break;
+    case MlpKind::swiglu_packed:
+      p.fc1_weight = half(mlp->fc1->weight, 0), p.fc1_bias = half(mlp->fc1->bias, 0);
+      p.fc1v_weight = half(mlp->fc1->weight, 1), p.fc1v_bias = half(mlp->fc1->bias, 1);
+      break;
+    case MlpKind::swiglu_split:
+      p.fc1_weight = mlp->fc1_g->weight, p.fc1_bias = mlp->fc1_g->bias;
+      p.fc1v_weight = mlp->fc1_x->weight, p.fc1v_bias = mlp->fc1_x->bias;
+      break;
+  }
+  return p;
+}
+
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
                                  torch::Tensor* probs_out, const torch::Tensor& rope) {
   // The fused CPU block where nothing asks for what it does not compute (probabilities, masks, head ablation, another
@@ -390,35 +425,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> 
       refusal = "rope_type mixed with gradients (learned rope.freqs)";
     }
     if (refusal.empty() && !attn->qkv->packed) {
-      BlockParameters parameters;
-      parameters.norm1_weight = norm1->weight, parameters.norm1_bias = norm1->bias;
-      parameters.qkv_weight = attn->qkv->weight, parameters.qkv_bias = attn->qkv->bias;
-      if (attn->q_bias.defined()) {  // EvaAttention's: the key's is zero
-        parameters.qkv_bias = torch::cat({attn->q_bias, torch::zeros_like(attn->q_bias), attn->v_bias});
-      }
-      parameters.proj_weight = attn->proj->weight, parameters.proj_bias = attn->proj->bias;
-      parameters.gamma1 = ls1 ? ls1->gamma : gamma_1;
-      parameters.norm2_weight = norm2->weight, parameters.norm2_bias = norm2->bias;
-      parameters.fc2_weight = mlp->fc2->weight, parameters.fc2_bias = mlp->fc2->bias;
-      parameters.gamma2 = ls2 ? ls2->gamma : gamma_2;
-      parameters.rope = rope;
-      const int64_t hidden = mlp->fc2->weight.size(1);
-      auto half = [&](const torch::Tensor& t, int64_t part) {  // a packed fc1's gates (0) or values (1): rows
-        return t.defined() ? t.narrow(0, part * hidden, hidden) : t;
-      };
-      switch (mlp->kind) {
-        case MlpKind::plain:
-          parameters.fc1_weight = mlp->fc1->weight, parameters.fc1_bias = mlp->fc1->bias;
-          break;
-        case MlpKind::swiglu_packed:
-          parameters.fc1_weight = half(mlp->fc1->weight, 0), parameters.fc1_bias = half(mlp->fc1->bias, 0);
-          parameters.fc1v_weight = half(mlp->fc1->weight, 1), parameters.fc1v_bias = half(mlp->fc1->bias, 1);
-          break;
-        case MlpKind::swiglu_split:
-          parameters.fc1_weight = mlp->fc1_g->weight, parameters.fc1_bias = mlp->fc1_g->bias;
-          parameters.fc1v_weight = mlp->fc1_x->weight, parameters.fc1v_bias = mlp->fc1_x->bias;
-          break;
-      }
+      const BlockParameters parameters = fused_parameters(rope);
       if (fused_block_applies(x, parameters)) {
         const int64_t B = x.size(0);
         // Drawn in the order the per-operator path draws them (after attention, after the MLP): same seed, same drops.

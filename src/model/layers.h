@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "config/model_config.h"
+#include "model/fused_block.h"
 #include "model/precision.h"
 #include "model/rope.h"
 
@@ -96,6 +97,8 @@ struct AttentionImpl : torch::nn::Module {
   // x (B, N, D) -> q, k, v side by side (B, N, 3D), through whichever projections the model has (not with
   // grouped-query attention: its k and v are narrower).
   torch::Tensor project_qkv(const torch::Tensor& x);
+  // The fused qkv's bias (3D): its own, EvaAttention's q_bias / zeros / v_bias, or undefined for none.
+  torch::Tensor qkv_bias() const;
 
   Linear qkv{nullptr}, proj{nullptr};
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};  // qkv_fused false (Eva)
@@ -170,6 +173,8 @@ struct BlockImpl : torch::nn::Module {
                         torch::Tensor* probs_out, const torch::Tensor& rope = {});
   // The option that keeps this block off the fused path ("qk_norm", ...), or empty when it is covered.
   std::string fused_refusal() const;
+  // This block's weights as the fused block reads them (model/fused_block.h), rope its rotary table.
+  BlockParameters fused_parameters(const torch::Tensor& rope) const;
 
   Norm norm1{nullptr}, norm2{nullptr};
   Attention attn{nullptr};
