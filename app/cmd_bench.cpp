@@ -157,7 +157,10 @@ void setup_bench(CLI::App& app, int& status) {
   command->add_option("--device", args->device, "auto | cpu | cuda | cuda:N (default: the config's train.device)");
   command->add_option("--threads", args->threads, "CPU threads, 0 = all cores (default: the config's train.threads)")
       ->check(CLI::NonNegativeNumber);
-  command->add_option("--amp", args->amp, "off | bf16 | fp16, CUDA only (default: the config's train.amp)")
+  command
+      ->add_option(
+          "--amp", args->amp,
+          "off | bf16 | fp16 (CUDA); off | bf16 on a CPU with AVX512_BF16 or AMX (default: the config's train.amp)")
       ->check(enum_choice<AmpMode>());
   command->add_option("--workers", args->workers, "--mode data: loader worker counts to measure, e.g. 1,2")
       ->delimiter(',')

@@ -4,14 +4,22 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "model/cpu_kernels.h"
 #include "model/fused_block.h"
+#include "model/precision.h"
 #include "model/row_kernels.h"
 #include "model/vit.h"
 #include "test_util.h"
+#include "train/trainer.h"
+#include "vit/build_config.h"
+#if VIT_WITH_DNNL
+#include "model/dnnl_matmul.h"
+#endif
 
 namespace vit {
 namespace {
@@ -425,6 +433,144 @@ TEST(FusedBlock, RunsWhereItAppliesAndNamesWhatItDoesNotCover) {
   EXPECT_EQ(dropping->blocks[0]->as<Block>()->fused_refusal(), "attn_drop_rate or proj_drop_rate in training");
   dropping->eval();  // dropout is off in evaluation: covered again
   EXPECT_EQ(dropping->blocks[0]->as<Block>()->fused_refusal(), "");
+}
+
+#define SKIP_WITHOUT_BF16()                                        \
+  if (const auto refusal = cpu_bf16_refusal(); !refusal.empty()) { \
+    GTEST_SKIP() << "bfloat16 products " << refusal;               \
+  }
+
+// Every instruction set's bfloat16 rounding is c10::BFloat16's: to nearest even (ties both ways), infinities,
+// denormals, the largest finite values (which round to infinity) and NaN.
+TEST(RowKernels, Bf16RoundingIsC10s) {
+  torch::manual_seed(11);
+  auto values =
+      torch::cat({torch::randn({997}) * 1e3, torch::randn({64}) * 1e-39,
+                  torch::tensor({0.0f, -0.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 3.3895e38f, -3.3895e38f,
+                                 std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                                 std::numeric_limits<float>::quiet_NaN()})});
+  const float* x = values.data_ptr<float>();
+  const int64_t n = values.numel();
+  for (const auto& k : available_row_kernels()) {
+    std::vector<uint16_t> out(n);
+    k.round_bf16_row(x, n, out.data());
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += out[i] != c10::BFloat16(x[i]).x;
+    std::printf("bf16 rounding, %s: %lld of %lld values differ from c10::BFloat16\n", k.isa,
+                static_cast<long long>(wrong), static_cast<long long>(n));
+    EXPECT_EQ(wrong, 0) << k.isa;
+  }
+}
+
+#if VIT_WITH_DNNL
+// gemm_bf16 computes what float32 products of the rounded inputs compute (only the order of the float32 sums may
+// differ): every transpose, alpha and beta, leading dimensions wider than the rows, one call inside a parallel
+// region per thread.
+TEST(Bf16Products, GemmIsTheFloat32ProductOfTheRoundedInputs) {
+  SKIP_WITHOUT_BF16();
+  double worst = 0.0;
+  for (const char ta : {'N', 'T'}) {
+    for (const char tb : {'N', 'T'}) {
+      for (const auto& [alpha, beta] : {std::pair<float, float>{1.0f, 0.0f}, {0.5f, 1.0f}}) {
+        const int64_t M = 37, N = 24, K = 53, pad = 3;
+        torch::manual_seed(ta * 7 + tb);
+        // Stored as op() reads them: A (M, K) or its transpose (K, M), each row padded.
+        const auto a = torch::randn({ta == 'N' ? M : K, (ta == 'N' ? K : M) + pad}).to(torch::kBFloat16);
+        const auto b = torch::randn({tb == 'N' ? K : N, (tb == 'N' ? N : K) + pad}).to(torch::kBFloat16);
+        const auto c0 = torch::randn({M, N + pad});
+        auto op = [](const torch::Tensor& t, char trans, int64_t cols) {
+          const auto view = t.narrow(1, 0, cols).to(torch::kFloat);
+          return trans == 'N' ? view : view.t();
+        };
+        const auto expected =
+            alpha * torch::mm(op(a, ta, ta == 'N' ? K : M), op(b, tb, tb == 'N' ? N : K)) + beta * c0.narrow(1, 0, N);
+        auto c = c0.clone();
+        const auto* a_bits = reinterpret_cast<const uint16_t*>(a.data_ptr<at::BFloat16>());
+        const auto* b_bits = reinterpret_cast<const uint16_t*>(b.data_ptr<at::BFloat16>());
+        gemm_bf16(ta, tb, M, N, K, alpha, a_bits, a.size(1), b_bits, b.size(1), beta, c.data_ptr<float>(), c.size(1));
+        worst = std::max(worst, relative_diff(c.narrow(1, 0, N), expected));
+        EXPECT_TRUE(torch::equal(c.narrow(1, N, pad), c0.narrow(1, N, pad))) << "the padding was written";
+      }
+    }
+  }
+  // Two threads at once, each on its own rows inside one parallel region (the fused block's narrow plan).
+  const auto a = torch::randn({64, 32}).to(torch::kBFloat16), b = torch::randn({16, 32}).to(torch::kBFloat16);
+  auto c = torch::empty({64, 16});
+  at::parallel_for(0, 64, 1, [&](int64_t r0, int64_t r1) {
+    gemm_bf16('N', 'T', r1 - r0, 16, 32, 1.0f, reinterpret_cast<const uint16_t*>(a.data_ptr<at::BFloat16>()) + r0 * 32,
+              32, reinterpret_cast<const uint16_t*>(b.data_ptr<at::BFloat16>()), 32, 0.0f,
+              c.data_ptr<float>() + r0 * 16, 16);
+  });
+  worst = std::max(worst, relative_diff(c, torch::mm(a.to(torch::kFloat), b.to(torch::kFloat).t())));
+  std::printf("gemm_bf16 against float32 products of the rounded inputs: max relative difference %.3g\n", worst);
+  EXPECT_LT(worst, 1e-5);
+}
+#endif
+
+// The fused block with its products in bfloat16 (train.amp bf16 on the CPU) stays within bfloat16's rounding of the
+// float32 per-operator path, in training: logits and every gradient, on the plain block (narrow plan), at width 256
+// (products on all rows), DINOv2 giant's packed SwiGLU and EVA-02's rotary block. And it is not float32: the
+// differences are those of 8-bit mantissas, not zero.
+TEST(FusedBlock, Bf16ProductsStayWithinBf16RoundingOfFloat32) {
+  SKIP_WITHOUT_KERNELS();
+  SKIP_WITHOUT_BF16();
+  const FusedCase cases[] = {
+      {"plain", [](ModelConfig&) {}},
+      {"width 256 (products on all rows)", [](ModelConfig& c) { c.embed_dim = 256; }},
+      {"packed SwiGLU, LayerScale",
+       [](ModelConfig& c) {
+         c.mlp_layer = MlpLayer::swiglu_packed, c.act_layer = Activation::silu, c.init_values = 0.1;
+       }},
+      {"EVA-02's block: rotary cat, q_bias / v_bias",
+       [](ModelConfig& c) { c.model_class = ModelClass::eva, c.use_rot_pos_emb = true, c.swiglu_mlp = true; }},
+  };
+  ThreeThreads threads;
+  for (const auto& fused_case : cases) {
+    ModelConfig config = test::tiny_vit(/*img=*/24, /*patch=*/6, /*in_chans=*/3, /*num_classes=*/5,
+                                        /*embed_dim=*/64, /*depth=*/2, /*num_heads=*/4, /*mlp_ratio=*/3.0);
+    fused_case.set(config);
+    torch::manual_seed(0);
+    VisionTransformer net(config);
+    test::perturb_weights(net, 1);
+    net->train();
+    torch::manual_seed(2);
+    const auto images = torch::randn({3, 3, config.img_h, config.img_w}, torch::requires_grad());
+    std::vector<torch::Tensor> inputs{images};
+    for (const auto& p : net->parameters()) inputs.push_back(p);
+    auto run = [&](bool fused, bool bf16) {
+      net->set_fused_blocks(fused);
+      net->set_bf16_products(bf16);
+      auto logits = net->forward(images);
+      auto grads = grads_of(logits, inputs);
+      grads.insert(grads.begin(), logits);
+      return grads;
+    };
+    const auto expected = run(false, false);
+    const auto actual = run(true, true);
+    // The blocks' weight gradients (2-D parameters of the blocks) come from bfloat16 products; the rest through them.
+    double worst = 0.0;
+    for (size_t i = 0; i < expected.size(); ++i) worst = std::max(worst, relative_diff(actual[i], expected[i]));
+    const double logits_diff = relative_diff(actual[0], expected[0]);
+    std::printf("fused block in bf16, %s: logits %.3g, worst of logits and gradients %.3g (relative)\n",
+                fused_case.name, logits_diff, worst);
+    EXPECT_GT(logits_diff, 1e-5) << fused_case.name << ": no bfloat16 rounding at all";
+    EXPECT_LT(logits_diff, 5e-3) << fused_case.name;
+    EXPECT_LT(worst, 3e-2) << fused_case.name;
+    net->set_bf16_products(false);
+  }
+}
+
+// train.amp (and bench's --amp) on the CPU: bf16 turns the fused blocks' bfloat16 products on; fp16 is refused
+// there, with float32 instead.
+TEST(FusedBlock, CpuAmpBf16TurnsOnBf16ProductsAndFp16FallsBackToFloat32) {
+  SKIP_WITHOUT_BF16();
+  ModelConfig config = test::tiny_vit(/*img=*/16, /*patch=*/8, /*in_chans=*/3, /*num_classes=*/2,
+                                      /*embed_dim=*/16, /*depth=*/2, /*num_heads=*/2, /*mlp_ratio=*/2.0);
+  VisionTransformer net(config);
+  EXPECT_EQ(apply_amp(net, AmpMode::fp16, torch::kCPU, "train.amp"), AmpMode::off);
+  for (const auto& module : *net->blocks) EXPECT_FALSE(module->as<Block>()->bf16_products);
+  EXPECT_EQ(apply_amp(net, AmpMode::bf16, torch::kCPU, "train.amp"), AmpMode::bf16);
+  for (const auto& module : *net->blocks) EXPECT_TRUE(module->as<Block>()->bf16_products);
 }
 
 }  // namespace

@@ -149,13 +149,11 @@ BenchResult run_bench(VisionTransformer& net, const BenchOptions& options) {
     const auto refusal = precision_refusal(options.precision, device.type());
     if (!refusal.empty()) throw std::invalid_argument(refusal);
   }
-  if (options.amp != AmpMode::off && !device.is_cuda()) {
-    log::warn(std::string("--amp ") + name_of(options.amp) + " needs CUDA; benching float32 on " + device.str());
-  }
-  const bool amp = options.amp != AmpMode::off && device.is_cuda();
+  net->to(device);
+  result.amp = apply_amp(net, options.amp, device, "--amp");        // on the CPU: the fused blocks' bf16 products
+  const bool amp = result.amp != AmpMode::off && device.is_cuda();  // CUDA autocast
   const bool fp16 = amp && options.amp == AmpMode::fp16;
   const auto amp_dtype = fp16 ? torch::kHalf : torch::kBFloat16;
-  result.amp = amp ? options.amp : AmpMode::off;
   result.batch_size = options.batch_size;
   const auto macs = static_cast<double>(forward_macs(model_config));
   result.gmacs = macs / 1e9;
@@ -173,7 +171,6 @@ BenchResult run_bench(VisionTransformer& net, const BenchOptions& options) {
 
   torch::manual_seed(options.seed);
   if (device.is_cuda()) torch::cuda::manual_seed_all(options.seed);
-  net->to(device);
   const int64_t B = options.batch_size;
   const auto input_options = torch::TensorOptions().device(device);
   const std::vector<int64_t> image_shape{model_config.in_chans, model_config.img_h, model_config.img_w};

@@ -22,7 +22,7 @@ struct BenchOptions {
   int64_t warmup = 3;          // untimed iterations before each measurement
   std::string device = "auto"; // auto | cpu | cuda | cuda:N
   int threads = 0;             // intra-op threads (0 = all cores)
-  AmpMode amp = AmpMode::off;  // CUDA only; ignored with a warning on CPU
+  AmpMode amp = AmpMode::off;  // CUDA autocast; on the CPU bf16 only (apply_amp, train/trainer.h), else float32
   Precision precision = Precision::fp32;  // inference only (model/precision.h); training stays float32 (or --amp)
   double peak_seconds = 0.5;   // time spent measuring the matmul peak (0 = skip it)
   uint64_t seed = 0;           // seeds the weights and the synthetic inputs

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -99,6 +100,61 @@ void DnnlMatmul::run(int64_t M, const void* a, void* c, const float* bias) const
     args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, s.N}, dt::f32, tag::ab}, engine, const_cast<float*>(bias)));
   }
   entry.matmul.execute(stream, args);
+  stream.wait();
+}
+
+namespace {
+
+// A product's shape, strides and scalars: what its primitive is made for.
+using GemmKey = std::tuple<char, char, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
+
+struct Gemm {
+  dnnl::matmul matmul;
+  dnnl::memory::desc a, b, c, scratchpad;
+};
+
+Gemm make_gemm(const GemmKey& key) {
+  const auto [transa, transb, M, N, K, lda, ldb, ldc, alpha, beta] = key;
+  using dims = dnnl::memory::dims;
+  // op(A) (M, K) and op(B) (K, N) as strided views of the row-major arrays: a transpose swaps the strides.
+  const dnnl::memory::desc a({M, K}, dt::bf16, transa == 'N' ? dims{lda, 1} : dims{1, lda});
+  const dnnl::memory::desc b({K, N}, dt::bf16, transb == 'N' ? dims{ldb, 1} : dims{1, ldb});
+  const dnnl::memory::desc c({M, N}, dt::f32, dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops sum;
+    sum.append_sum(beta);
+    attr.set_post_ops(sum);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+  return {dnnl::matmul(pd), a, b, c, pd.scratchpad_desc()};
+}
+
+}  // namespace
+
+void gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  static std::mutex mutex;
+  static std::map<GemmKey, Gemm> made;
+  const GemmKey key{transa, transb, M, N, K, lda, ldb, ldc, alpha, beta};
+  Gemm gemm;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = made.find(key);
+    if (found == made.end()) found = made.emplace(key, make_gemm(key)).first;
+    gemm = found->second;
+  }
+  thread_local std::vector<char> scratch;
+  if (scratch.size() < gemm.scratchpad.get_size()) scratch.resize(gemm.scratchpad.get_size());
+  auto& engine = cpu_engine();
+  dnnl::stream stream(engine);
+  gemm.matmul.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(gemm.a, engine, const_cast<uint16_t*>(A))},
+                               {DNNL_ARG_WEIGHTS, dnnl::memory(gemm.b, engine, const_cast<uint16_t*>(B))},
+                               {DNNL_ARG_DST, dnnl::memory(gemm.c, engine, C)},
+                               {DNNL_ARG_SCRATCHPAD, dnnl::memory(gemm.scratchpad, engine, scratch.data())}});
   stream.wait();
 }
 

@@ -1,4 +1,5 @@
-// oneDNN's matmul behind a small torch-free interface (model/precision.cpp's int8 and bf16 layers). A unit of its own
+// oneDNN's matmul behind a small torch-free interface (model/precision.cpp's int8 and bf16 layers, and the fused
+// block's bf16 products in training, model/fused_block.cpp). A unit of its own
 // in a library of its own: PyTorch's wheel ships oneDNN 3 headers among LibTorch's, while the library linked is
 // Debian's oneDNN 2, so nothing that sees LibTorch's include folders may include dnnl.hpp.
 //
@@ -35,5 +36,13 @@ class DnnlMatmul {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// Row-major C (M, N) = alpha op(A) op(B) + beta C, as sgemm (model/cpu_kernels.h), with A and B bfloat16 (their 16
+// bits as uint16_t) and C float32: products accumulated in float32 by oneDNN's matmul (AMX or AVX512_BF16 where the
+// CPU has them; precision_refusal says whether it does). op(X) is X or its transpose ('N' / 'T'), read through the
+// leading dimension, so no transpose is copied. One primitive per shape, made on first use and kept. Inside an OpenMP
+// parallel region it runs on the calling thread alone, else on all of them; safe to call from several threads.
+void gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 }  // namespace vit

@@ -14,6 +14,10 @@
 
 #include "model/cpu_kernels.h"
 #include "model/row_kernels.h"
+#include "vit/build_config.h"
+#if VIT_WITH_DNNL
+#include "model/dnnl_matmul.h"
+#endif
 
 namespace vit {
 namespace {
@@ -222,9 +226,10 @@ struct Temporary {
   torch::Tensor whole;
 };
 
-// What the backward reads, kept by a training forward. m (the MLP's output) only with LayerScale.
+// What the backward reads, kept by a training forward. m (the MLP's output) only with LayerScale; the products'
+// inputs rounded to bfloat16 (xn1_16 .. g16) only where they run in it.
 struct Saved {
-  torch::Tensor xn1, mean1, rstd1, qkv, probs, att, a, y, mean2, rstd2, xn2, h, g, m;
+  torch::Tensor xn1, mean1, rstd1, qkv, probs, att, a, y, mean2, rstd2, xn2, h, g, m, xn1_16, att16, xn2_16, g16;
 };
 
 // The forward's region 2: (image, head) pairs, each split into query-row blocks when there are fewer pairs than
@@ -261,21 +266,137 @@ void attention_forward(const Dims& d, const RowKernels& k, float scale, const to
   });
 }
 
-// rows (r1 - r0) of out (.., out_features; row stride ld, 0: out_features) = bias + in (.., in_features) W^T, out
-// and in starting at row r0.
-void linear_rows(int64_t r0, int64_t r1, const float* in, const torch::Tensor& weight, const torch::Tensor& bias,
-                 float* out, int64_t ld = 0) {
-  const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  if (ld == 0) ld = out_features;
-  const float beta = bias_rows(data_or_null(bias), r1 - r0, out_features, out, ld);
-  sgemm('N', 'T', r1 - r0, out_features, in_features, 1.0f, in, in_features, weight.data_ptr<float>(), in_features,
-        beta, out, ld);
+// ---- the linear layers' products ----
+
+// Rounds rows (rows, cols; row stride ld) to bfloat16, to nearest even, into out (row stride out_ld), row-parallel
+// when called outside a parallel region.
+void round_rows(const float* in, int64_t rows, int64_t cols, int64_t ld, uint16_t* out, int64_t out_ld) {
+  const auto round = row_kernels().round_bf16_row;
+  at::parallel_for(0, rows, /*grain_size=*/64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) round(in + r * ld, cols, out + r * out_ld);
+  });
 }
 
+uint16_t* bf16_bits(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+// The running thread's bfloat16 scratch, grown to the largest size asked and kept (as scratch()).
+uint16_t* scratch_bf16(int64_t count) {
+  thread_local std::vector<uint16_t> buffer;
+  if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(count);
+  return buffer.data();
+}
+
+// How a pass runs its linear layers' products: float32 sgemm, or, with BlockShape::bf16, in bfloat16 through
+// gemm_bf16 (model/dnnl_matmul.h): each weight rounded once per pass, each input as a product reads it, float32
+// accumulation and output. Everything else in the block stays float32. A training pass keeps the rounded inputs
+// (forward) and output gradients (backward) in whole-batch buffers (kept(), then the `*16` arguments), so that the
+// weight gradients' products read them without rounding them again.
+class Products {
+ public:
+  Products(const BlockParameters& p, bool bf16) {
+    if (!bf16) return;
+#if VIT_WITH_DNNL
+    for (const auto* weight : {&p.qkv_weight, &p.proj_weight, &p.fc1_weight, &p.fc1v_weight, &p.fc2_weight}) {
+      if (weight->numel() > 0) rounded_.emplace_back(weight->data_ptr<float>(), weight->detach().to(torch::kBFloat16));
+    }
+#else
+    TORCH_CHECK(false, "fused block: bf16 products need oneDNN, which this vit was built without");
+#endif
+  }
+
+  bool bf16() const { return !rounded_.empty(); }
+
+  // A whole-batch buffer for rounded rows (rows, width) where products run in bfloat16 and the pass keeps what they
+  // read (training); undefined otherwise.
+  torch::Tensor kept(bool training, int64_t rows, int64_t width) const {
+    return bf16() && training ? torch::empty({rows, width}, torch::TensorOptions().dtype(torch::kBFloat16))
+                              : torch::Tensor();
+  }
+  // Row r0 of a kept() buffer, null for an undefined one.
+  static uint16_t* row_of(const torch::Tensor& kept, int64_t r0) {
+    return kept.defined() ? bf16_bits(kept) + r0 * kept.size(1) : nullptr;
+  }
+
+  // rows (r1 - r0) of out (.., out_features; row stride ld, 0: out_features) = bias + in (.., in_features) W^T, out
+  // and in starting at row r0. in16: where the rounded rows of in go (row stride in_features), null for scratch.
+  void linear_rows(int64_t r0, int64_t r1, const float* in, const torch::Tensor& weight, const torch::Tensor& bias,
+                   float* out, int64_t ld = 0, uint16_t* in16 = nullptr) const {
+    const int64_t out_features = weight.size(0), in_features = weight.size(1), rows = r1 - r0;
+    if (ld == 0) ld = out_features;
+    const float beta = bias_rows(data_or_null(bias), rows, out_features, out, ld);
+    if (rounded_.empty()) {
+      sgemm('N', 'T', rows, out_features, in_features, 1.0f, in, in_features, weight.data_ptr<float>(), in_features,
+            beta, out, ld);
+      return;
+    }
+#if VIT_WITH_DNNL
+    if (in16 == nullptr) in16 = scratch_bf16(rows * in_features);
+    round_rows(in, rows, in_features, in_features, in16, in_features);
+    gemm_bf16('N', 'T', rows, out_features, in_features, 1.0f, in16, in_features, rounded(weight), in_features, beta,
+              out, ld);
+#endif
+  }
+
+  // rows (r1 - r0) of dx (.., in_features) = beta dx + dy (.., out_features; row stride ld, 0: out_features) W, both
+  // starting at row r0. dy16: where the rounded rows of dy go (row stride ld), null for scratch.
+  void backward_rows(int64_t r0, int64_t r1, const float* dy, const torch::Tensor& weight, float* dx, int64_t ld = 0,
+                     float beta = 0.0f, uint16_t* dy16 = nullptr) const {
+    const int64_t out_features = weight.size(0), in_features = weight.size(1), rows = r1 - r0;
+    if (ld == 0) ld = out_features;
+    if (rounded_.empty()) {
+      sgemm('N', 'N', rows, in_features, out_features, 1.0f, dy, ld, weight.data_ptr<float>(), in_features, beta, dx,
+            in_features);
+      return;
+    }
+#if VIT_WITH_DNNL
+    const int64_t ld16 = dy16 == nullptr ? out_features : ld;
+    if (dy16 == nullptr) dy16 = scratch_bf16(rows * out_features);
+    round_rows(dy, rows, out_features, ld, dy16, ld16);
+    gemm_bf16('N', 'N', rows, in_features, out_features, 1.0f, dy16, ld16, rounded(weight), in_features, beta, dx,
+              in_features);
+#endif
+  }
+
+  // The weight's gradient (out, in) = dout^T in over all R rows, a whole-batch product on every thread: dout (R,
+  // out_features; row stride ld, 0: out_features), in (R, in_features). In bfloat16 it reads their rounded copies
+  // kept by the passes, dout16 (row stride ld) and in16. Undefined where the weight needs none.
+  torch::Tensor weight_grad(const float* dout, const torch::Tensor& in, const torch::Tensor& weight, int64_t ld,
+                            const uint16_t* dout16, const uint16_t* in16) const {
+    if (!weight.requires_grad()) return {};
+    const int64_t out_features = weight.size(0), in_features = weight.size(1), R = in.size(0);
+    if (ld == 0) ld = out_features;
+    auto grad = torch::empty({out_features, in_features}, in.options());
+    if (rounded_.empty()) {
+      sgemm('T', 'N', out_features, in_features, R, 1.0f, dout, ld, in.data_ptr<float>(), in_features, 0.0f,
+            grad.data_ptr<float>(), in_features);
+      return grad;
+    }
+#if VIT_WITH_DNNL
+    TORCH_CHECK(dout16 != nullptr && in16 != nullptr, "fused block: a bfloat16 weight gradient without its rows");
+    gemm_bf16('T', 'N', out_features, in_features, R, 1.0f, dout16, ld, in16, in_features, 0.0f, grad.data_ptr<float>(),
+              in_features);
+#endif
+    return grad;
+  }
+
+ private:
+  // The rounded copy of a weight of this pass (found by its data, which the views and detached copies share).
+  const uint16_t* rounded(const torch::Tensor& weight) const {
+    for (const auto& [data, copy] : rounded_) {
+      if (data == weight.data_ptr<float>()) return bf16_bits(copy);
+    }
+    TORCH_CHECK(false, "fused block: no bfloat16 copy of a weight ", weight.sizes());
+  }
+
+  std::vector<std::pair<const float*, torch::Tensor>> rounded_;  // (float32 data, its bfloat16 copy)
+};
+
 // fc1 on rows [r0, r1): its output (.., d.fc1), gated: the gates' products then the values'.
-void fc1_rows(const Dims& d, const BlockParameters& p, int64_t r0, int64_t r1, const float* in, float* out) {
-  linear_rows(r0, r1, in, p.fc1_weight, p.fc1_bias, out, d.fc1);
-  if (d.gated) linear_rows(r0, r1, in, p.fc1v_weight, p.fc1v_bias, out + d.hidden, d.fc1);
+// in16 as Products::linear_rows'.
+void fc1_rows(const Dims& d, const BlockParameters& p, const Products& products, int64_t r0, int64_t r1,
+              const float* in, float* out, uint16_t* in16) {
+  products.linear_rows(r0, r1, in, p.fc1_weight, p.fc1_bias, out, d.fc1, in16);
+  if (d.gated) products.linear_rows(r0, r1, in, p.fc1v_weight, p.fc1v_bias, out + d.hidden, d.fc1, in16);
 }
 
 // ---- rotary embeddings ----
@@ -339,11 +460,13 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
   const float* gamma2 = data_or_null(p.gamma2);
   const float* xp = x.data_ptr<float>();
   auto full = [&](int64_t width) { return torch::empty({d.R, width}, options); };
+  const Products products(p, shape.bf16);
   Saved s;
 
   // Region 1, rows: norm1, then qkv, then the rotary embeddings on its queries and keys (kept rotated: what the
   // attention's backward reads).
   s.xn1 = full(d.D);
+  s.xn1_16 = products.kept(training, d.R, d.D);
   s.qkv = full(3 * d.D);  // (R, 3D): q, k, v, each (nh, hd)
   if (training) s.mean1 = torch::empty({d.R}, options), s.rstd1 = torch::empty({d.R}, options);
   float *xn1 = s.xn1.data_ptr<float>(), *qkv = s.qkv.data_ptr<float>();
@@ -357,7 +480,8 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
                                }
                              }},
                             {true, [&](int64_t r0, int64_t r1) {
-                               linear_rows(r0, r1, xn1 + r0 * d.D, p.qkv_weight, p.qkv_bias, qkv + r0 * 3 * d.D);
+                               products.linear_rows(r0, r1, xn1 + r0 * d.D, p.qkv_weight, p.qkv_bias,
+                                                    qkv + r0 * 3 * d.D, 0, Products::row_of(s.xn1_16, r0));
                              }}};
   if (p.rope.numel() > 0) {
     region1.push_back({false, [&](int64_t r0, int64_t r1) {
@@ -380,6 +504,8 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
     s.mean2 = torch::empty({d.R}, options), s.rstd2 = torch::empty({d.R}, options);
     if (gamma2 != nullptr) s.m = full(d.D);
   }
+  s.att16 = products.kept(training, d.R, d.D), s.xn2_16 = products.kept(training, d.R, d.D);
+  s.g16 = products.kept(training, d.R, d.hidden);
   const Temporary spare(plan, 0, d.R, d.D, options, !training || gamma2 == nullptr);  // a (inference), m
   const Temporary xn2_temp(plan, 1, d.R, d.D, options, !training), h_temp(plan, 2, d.R, d.fc1, options, !training);
   const Temporary g_temp(plan, 3, d.R, d.hidden, options, !training && d.gated);
@@ -402,7 +528,8 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
       d.R, plan,
       {{true,
         [&](int64_t r0, int64_t r1) {
-          linear_rows(r0, r1, att + r0 * d.D, p.proj_weight, p.proj_bias, rows_of(s.a, spare, r0, r1));
+          products.linear_rows(r0, r1, att + r0 * d.D, p.proj_weight, p.proj_bias, rows_of(s.a, spare, r0, r1), 0,
+                               Products::row_of(s.att16, r0));
         }},
        {false,
         [&](int64_t r0, int64_t r1) {
@@ -417,7 +544,8 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
-          fc1_rows(d, p, r0, r1, rows_of(s.xn2, xn2_temp, r0, r1), rows_of(s.h, h_temp, r0, r1));
+          fc1_rows(d, p, products, r0, r1, rows_of(s.xn2, xn2_temp, r0, r1), rows_of(s.h, h_temp, r0, r1),
+                   Products::row_of(s.xn2_16, r0));
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
@@ -425,7 +553,8 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
-          linear_rows(r0, r1, g_rows(r0, r1), p.fc2_weight, p.fc2_bias, m_rows(r0, r1));
+          products.linear_rows(r0, r1, g_rows(r0, r1), p.fc2_weight, p.fc2_bias, m_rows(r0, r1), 0,
+                               Products::row_of(s.g16, r0));
         }},
        {false, [&](int64_t r0, int64_t r1) {
           const float *m = m_rows(r0, r1), *y = y_rows(r0);
@@ -487,15 +616,6 @@ torch::Tensor attention_backward(const Dims& d, const RowKernels& k, float scale
   return dqkv;
 }
 
-// rows (r1 - r0) of dx (.., in_features) = beta dx + dy (.., out_features; row stride ld, 0: out_features) W, both
-// starting at row r0.
-void linear_backward_rows(int64_t r0, int64_t r1, const float* dy, const torch::Tensor& weight, float* dx,
-                          int64_t ld = 0, float beta = 0.0f) {
-  const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  sgemm('N', 'N', r1 - r0, in_features, out_features, 1.0f, dy, ld == 0 ? out_features : ld, weight.data_ptr<float>(),
-        in_features, beta, dx, in_features);
-}
-
 // One norm's backward over one row (norm_row's): dx = base + d(norm input); dw, db accumulate (db: layer norm only).
 void norm_backward_row(const RowKernels& k, NormLayer kind, const float* dout, const float* x, float mean, float rstd,
                        const torch::Tensor& weight, int64_t D, const float* base, float* dx, float* dw, float* db) {
@@ -520,6 +640,7 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
   const float* gamma2 = data_or_null(p.gamma2);
   const float* dout = grad_out.data_ptr<float>();
   auto full = [&](int64_t width) { return torch::empty({d.R, width}, options); };
+  const Products products(p, shape.bf16);
 
   Partials dgamma1(d.D, options), dgamma2(d.D, options), dproj_bias(d.D, options), dfc1_bias(d.fc1, options),
       dfc2_bias(d.D, options), dnorm2_w(d.D, options), dnorm2_b(d.D, options), dnorm1_w(d.D, options),
@@ -534,6 +655,10 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
   auto da = full(d.D);        // d(proj output)
   auto datt = full(d.D);      // d(attention output), heads concatenated
   const Temporary dxn2(plan, 0, d.R, d.D, options);
+  // Their rounded copies where the products run in bfloat16, for the weight gradients.
+  const auto dm16 = products.kept(true, d.R, d.D), dh16 = products.kept(true, d.R, d.fc1),
+             da16 = products.kept(true, d.R, d.D);
+  auto at = [](const torch::Tensor& kept, int64_t r0) { return Products::row_of(kept, r0); };
   float *dm_p = dm.data_ptr<float>(), *dh_p = dh.data_ptr<float>(), *dg_p = dg.data_ptr<float>(),
         *dy_p = dy.data_ptr<float>(), *da_p = da.data_ptr<float>();
   run_steps(
@@ -548,7 +673,7 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
-          linear_backward_rows(r0, r1, dm_p + r0 * d.D, p.fc2_weight, dg_p + r0 * d.hidden);
+          products.backward_rows(r0, r1, dm_p + r0 * d.D, p.fc2_weight, dg_p + r0 * d.hidden, 0, 0.0f, at(dm16, r0));
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
@@ -562,9 +687,11 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
         }},
        {true,
         [&](int64_t r0, int64_t r1) {
-          linear_backward_rows(r0, r1, dh_p + r0 * d.fc1, p.fc1_weight, dxn2.rows(r0, r1), d.fc1);
+          uint16_t* dh_rounded = at(dh16, r0);
+          products.backward_rows(r0, r1, dh_p + r0 * d.fc1, p.fc1_weight, dxn2.rows(r0, r1), d.fc1, 0.0f, dh_rounded);
           if (d.gated) {
-            linear_backward_rows(r0, r1, dh_p + r0 * d.fc1 + d.hidden, p.fc1v_weight, dxn2.rows(r0, r1), d.fc1, 1.0f);
+            products.backward_rows(r0, r1, dh_p + r0 * d.fc1 + d.hidden, p.fc1v_weight, dxn2.rows(r0, r1), d.fc1, 1.0f,
+                                   dh_rounded == nullptr ? nullptr : dh_rounded + d.hidden);
           }
         }},
        {false,
@@ -580,25 +707,19 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
           }
         }},
        {true, [&](int64_t r0, int64_t r1) {
-          linear_backward_rows(r0, r1, da_p + r0 * d.D, p.proj_weight, datt.data_ptr<float>() + r0 * d.D);
+          products.backward_rows(r0, r1, da_p + r0 * d.D, p.proj_weight, datt.data_ptr<float>() + r0 * d.D, 0, 0.0f,
+                                 at(da16, r0));
         }}});
 
   Gradients grads;
-  // Weight gradients, whole-batch products on every thread: (out, in) = d(out rows)^T (in rows). dout_rows: R rows
-  // of out_features, row stride ld (0: out_features).
-  auto weight_grad = [&](const float* dout_rows, const torch::Tensor& in_rows, const torch::Tensor& weight,
-                         int64_t ld = 0) {
-    if (!weight.requires_grad()) return torch::Tensor();
-    const int64_t out_features = weight.size(0), in_features = weight.size(1);
-    auto grad = torch::empty({out_features, in_features}, options);
-    sgemm('T', 'N', out_features, in_features, d.R, 1.0f, dout_rows, ld == 0 ? out_features : ld,
-          in_rows.data_ptr<float>(), in_features, 0.0f, grad.data_ptr<float>(), in_features);
-    return grad;
-  };
-  grads.fc2_weight = weight_grad(dm_p, s.g, p.fc2_weight);
-  grads.fc1_weight = weight_grad(dh_p, s.xn2, p.fc1_weight, d.fc1);
-  if (d.gated) grads.fc1v_weight = weight_grad(dh_p + d.hidden, s.xn2, p.fc1v_weight, d.fc1);
-  grads.proj_weight = weight_grad(da_p, s.att, p.proj_weight);
+  const uint16_t* dh_rounded = at(dh16, 0);
+  grads.fc2_weight = products.weight_grad(dm_p, s.g, p.fc2_weight, d.D, at(dm16, 0), at(s.g16, 0));
+  grads.fc1_weight = products.weight_grad(dh_p, s.xn2, p.fc1_weight, d.fc1, dh_rounded, at(s.xn2_16, 0));
+  if (d.gated) {
+    grads.fc1v_weight = products.weight_grad(dh_p + d.hidden, s.xn2, p.fc1v_weight, d.fc1,
+                                             dh_rounded == nullptr ? nullptr : dh_rounded + d.hidden, at(s.xn2_16, 0));
+  }
+  grads.proj_weight = products.weight_grad(da_p, s.att, p.proj_weight, d.D, at(da16, 0), at(s.att16, 0));
   dm.reset(), dh.reset(), dg.reset(), da.reset();
 
   // Region 2: the attention core's backward.
@@ -609,6 +730,7 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
   auto dx = full(d.D);
   const Temporary dxn1(plan, 0, d.R, d.D, options);
   float* dqkv_p = dqkv.data_ptr<float>();
+  const auto dqkv16 = products.kept(true, d.R, 3 * d.D);
   std::vector<Step> region3;
   if (p.rope.numel() > 0) {
     region3.push_back({false, [&](int64_t r0, int64_t r1) {
@@ -623,7 +745,8 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
                    }},
                   {true,
                    [&](int64_t r0, int64_t r1) {
-                     linear_backward_rows(r0, r1, dqkv_p + r0 * 3 * d.D, p.qkv_weight, dxn1.rows(r0, r1));
+                     products.backward_rows(r0, r1, dqkv_p + r0 * 3 * d.D, p.qkv_weight, dxn1.rows(r0, r1), 0, 0.0f,
+                                            at(dqkv16, r0));
                    }},
                   {false, [&](int64_t r0, int64_t r1) {
                      const float* dxn = dxn1.rows(r0, r1);
@@ -636,7 +759,7 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
                      }
                    }}});
   run_steps(d.R, plan, region3);
-  grads.qkv_weight = weight_grad(dqkv_p, s.xn1, p.qkv_weight);
+  grads.qkv_weight = products.weight_grad(dqkv_p, s.xn1, p.qkv_weight, 3 * d.D, at(dqkv16, 0), at(s.xn1_16, 0));
 
   // A bias the block lacks had its partial sums computed all the same (cheaper than a branch per row).
   auto present = [](const torch::Tensor& parameter, const Partials& sums) {
@@ -674,14 +797,14 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
                                const torch::Tensor& fc2_weight, const torch::Tensor& fc2_bias,
                                const torch::Tensor& gamma2, const torch::Tensor& rope, const torch::Tensor& keep1,
                                const torch::Tensor& keep2, int64_t heads, double scale, double eps, int64_t act,
-                               int64_t norm, int64_t prefix, bool rotate_half) {
+                               int64_t norm, int64_t prefix, bool rotate_half, bool bf16) {
     // clang-format off
     const BlockParameters p{norm1_weight, norm1_bias,  qkv_weight,  qkv_bias,   proj_weight, proj_bias,
                             gamma1,       norm2_weight, norm2_bias, fc1_weight, fc1_bias,    fc1v_weight,
                             fc1v_bias,    fc2_weight,   fc2_bias,   gamma2,     rope};
     // clang-format on
-    const BlockShape shape{heads,  scale,      eps, static_cast<Activation>(act), static_cast<NormLayer>(norm),
-                           prefix, rotate_half};
+    const BlockShape shape{heads,  scale,       eps, static_cast<Activation>(act), static_cast<NormLayer>(norm),
+                           prefix, rotate_half, bf16};
     Saved s;
     auto out = forward_pass(x, p, shape, keep1, keep2, &s);
     auto or_empty = [&](const torch::Tensor& t) { return t.defined() ? t : torch::empty({0}, x.options()); };
@@ -690,7 +813,8 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
                             norm2_weight, norm2_bias, fc1_weight, fc1_bias, fc1v_weight, fc1v_bias, fc2_weight,
                             fc2_bias, gamma2, rope, keep1, keep2,
                             s.xn1, s.mean1, s.rstd1, s.qkv, s.probs, s.att, s.a, s.y, s.mean2, s.rstd2, s.xn2, s.h,
-                            s.g, or_empty(s.m)});
+                            s.g, or_empty(s.m), or_empty(s.xn1_16), or_empty(s.att16), or_empty(s.xn2_16),
+                            or_empty(s.g16)});
     // clang-format on
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["scale"] = scale;
@@ -699,6 +823,7 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
     ctx->saved_data["norm"] = norm;
     ctx->saved_data["prefix"] = prefix;
     ctx->saved_data["rotate_half"] = rotate_half;
+    ctx->saved_data["bf16"] = bf16;
     return out.view(x.sizes());
   }
 
@@ -717,10 +842,19 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
                            static_cast<Activation>(ctx->saved_data["act"].toInt()),
                            static_cast<NormLayer>(ctx->saved_data["norm"].toInt()),
                            ctx->saved_data["prefix"].toInt(),
-                           ctx->saved_data["rotate_half"].toBool()};
-    const int keep = 1 + kParameters, saved = keep + 2;
-    Saved s{v[saved],     v[saved + 1], v[saved + 2], v[saved + 3],  v[saved + 4],  v[saved + 5],  v[saved + 6],
-            v[saved + 7], v[saved + 8], v[saved + 9], v[saved + 10], v[saved + 11], v[saved + 12], v[saved + 13]};
+                           ctx->saved_data["rotate_half"].toBool(),
+                           ctx->saved_data["bf16"].toBool()};
+    const int keep = 1 + kParameters;
+    int saved = keep + 2;
+    Saved s;
+    for (auto* t : {&s.xn1, &s.mean1, &s.rstd1, &s.qkv, &s.probs, &s.att, &s.a, &s.y, &s.mean2, &s.rstd2, &s.xn2, &s.h,
+                    &s.g, &s.m, &s.xn1_16, &s.att16, &s.xn2_16, &s.g16}) {
+      *t = v[saved++];
+    }
+    // Empty placeholders (no LayerScale, float32 products) stand for absent tensors again.
+    for (auto* t : {&s.xn1_16, &s.att16, &s.xn2_16, &s.g16}) {
+      if (t->numel() == 0) *t = torch::Tensor();
+    }
     const auto g = backward_pass(x, p, shape, v[keep], v[keep + 1], s, grad_outputs[0].contiguous());
     auto only = [&](int index, const torch::Tensor& t) { return ctx->needs_input_grad(index) ? t : torch::Tensor(); };
     // clang-format off
@@ -730,7 +864,7 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
                         only(9, g.norm2_bias),   g.fc1_weight,          only(11, g.fc1_bias), g.fc1v_weight,
                         only(13, g.fc1v_bias),   g.fc2_weight,          only(15, g.fc2_bias), only(16, g.gamma2)};
     // clang-format on
-    grads.resize(grads.size() + 3 + 7);  // the rotary table, keep1, keep2 and the shape: none
+    grads.resize(grads.size() + 3 + 8);  // the rotary table, keep1, keep2 and the shape: none
     return grads;
   }
 };
@@ -804,7 +938,7 @@ torch::Tensor fused_block(const torch::Tensor& x, const BlockParameters& paramet
       input, e(p.norm1_weight), e(p.norm1_bias), e(p.qkv_weight), e(p.qkv_bias), e(p.proj_weight), e(p.proj_bias),
       e(p.gamma1), e(p.norm2_weight), e(p.norm2_bias), e(p.fc1_weight), e(p.fc1_bias), e(p.fc1v_weight), e(p.fc1v_bias),
       e(p.fc2_weight), e(p.fc2_bias), e(p.gamma2), e(p.rope), e(keep_1), e(keep_2), shape.heads, shape.scale, shape.eps,
-      static_cast<int64_t>(shape.act), static_cast<int64_t>(shape.norm), shape.prefix, shape.rotate_half);
+      static_cast<int64_t>(shape.act), static_cast<int64_t>(shape.norm), shape.prefix, shape.rotate_half, shape.bf16);
 }
 
 }  // namespace vit

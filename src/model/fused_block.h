@@ -44,6 +44,10 @@ struct BlockShape {
   NormLayer norm = NormLayer::layernorm;
   int64_t prefix = 0;        // tokens before the patch tokens that the rotary table rotates
   bool rotate_half = false;  // rotary pairs: channel i with i + hd/2, else 2i with 2i + 1 (model/rope.h)
+  // The linear layers' products (qkv, proj, fc1, fc2, forward and backward) in bfloat16: inputs and weights rounded,
+  // float32 accumulation (model/dnnl_matmul.h's gemm_bf16; AMX where the CPU has it), the rest of the block float32.
+  // Needs oneDNN and a CPU with AVX512_BF16 or AMX (model/precision.h's cpu_bf16_refusal says why not).
+  bool bf16 = false;
 };
 
 // False when the environment says VIT_FUSED_BLOCK=0 (every block then runs operator by operator, for comparisons).

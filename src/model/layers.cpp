@@ -431,8 +431,9 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> 
         // Drawn in the order the per-operator path draws them (after attention, after the MLP): same seed, same drops.
         const auto keep1 = drop_path_keep(B, drop_path_rate, is_training(), x.options());
         const auto keep2 = drop_path_keep(B, drop_path_rate, is_training(), x.options());
-        const BlockShape shape{attn->num_heads,     attn->scale,           norm1->eps, mlp->act, norm1->kind,
-                               attn->prefix_tokens, attn->rope_rotate_half};
+        BlockShape shape{attn->num_heads,     attn->scale,           norm1->eps, mlp->act, norm1->kind,
+                         attn->prefix_tokens, attn->rope_rotate_half};
+        shape.bf16 = bf16_products;
         return fused_block(x, parameters, shape, keep1, keep2);
       }
     } else if (!refusal.empty() && fused_block_enabled() && cpu_kernels_available() && x.device().is_cpu() &&

@@ -184,6 +184,7 @@ struct BlockImpl : torch::nn::Module {
   bool post_norm = false;                 // use_post_norm: the norms after the branches (EvaBlockPostNorm)
   double drop_path_rate;                  // stochastic depth probability of this block
   bool fused = true;  // may take the fused CPU block; false keeps the per-operator path (tests compare them)
+  bool bf16_products = false;  // the fused block's products in bfloat16 (BlockShape::bf16); the other path ignores it
 };
 TORCH_MODULE(Block);
 

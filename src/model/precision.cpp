@@ -68,10 +68,19 @@ std::string precision_refusal(Precision precision, torch::DeviceType device) {
   return "--precision " + name + " on the CPU needs oneDNN, which this vit was built without (install libdnnl-dev and "
          "rebuild)";
 #else
-  if (precision == Precision::bf16 && !cpu_has_bf16()) {
-    return "--precision bf16 needs a CPU with AVX512_BF16 or AMX (this one has " + cpu_precision_features() +
-           "); use int8 or fp32";
+  if (precision == Precision::bf16) {
+    const auto refusal = cpu_bf16_refusal();
+    if (!refusal.empty()) return "--precision bf16 " + refusal + "; use int8 or fp32";
   }
+  return {};
+#endif
+}
+
+std::string cpu_bf16_refusal() {
+#if !VIT_WITH_DNNL
+  return "needs oneDNN, which this vit was built without (install libdnnl-dev and rebuild)";
+#else
+  if (!cpu_has_bf16()) return "needs a CPU with AVX512_BF16 or AMX (this one has " + cpu_precision_features() + ")";
   return {};
 #endif
 }

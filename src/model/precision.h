@@ -29,6 +29,10 @@ VIT_ENUM_NAMES(Precision, "fp32", "int8", "bf16", "fp16");
 // refused (bf16 is the CPU's half type). CUDA: fp16 and bf16 (bf16 from compute capability 8.0); int8 is refused.
 std::string precision_refusal(Precision precision, torch::DeviceType device);
 
+// Why bfloat16 products (oneDNN's, model/dnnl_matmul.h) cannot run on this CPU in this build, in a few words ("needs
+// a CPU with AVX512_BF16 or AMX (this one has ...)"); empty when they can. --precision bf16 and train.amp bf16 ask it.
+std::string cpu_bf16_refusal();
+
 // The int8 and bf16 instructions this CPU has, as oneDNN uses them ("AMX int8/bf16", "AVX-512 VNNI", ...), for logs.
 std::string cpu_precision_features();
 

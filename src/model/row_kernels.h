@@ -1,5 +1,5 @@
-// The fused block's element-wise and short-attention kernels (model/fused_block.cpp) and int8 inference's
-// quantize and scale rows (model/precision.cpp), compiled three times: for
+// The fused block's element-wise and short-attention kernels and bfloat16 rounding (model/fused_block.cpp) and int8
+// inference's quantize and scale rows (model/precision.cpp), compiled three times: for
 // AVX-512, for AVX2 + FMA and for the x86-64 baseline (model/row_kernels_*.cpp), the one this CPU runs chosen once at
 // run time. Plain loops the compiler vectorizes; no LibTorch in these units.
 //
@@ -56,6 +56,9 @@ struct RowKernels {
   // place over one row of n.
   float (*quantize_row)(const float* x, int64_t n, int8_t* q);
   void (*scale_row)(float* y, int64_t n, float row_scale, const float* bias);
+  // bfloat16 products (BlockShape::bf16): out = the 16 bits of x rounded to bfloat16, to nearest even, over n floats
+  // (a NaN becomes the quiet NaN 0x7fc0), as c10::BFloat16 rounds.
+  void (*round_bf16_row)(const float* x, int64_t n, uint16_t* out);
 };
 
 // The kernels for this CPU: AVX-512 (F, VL, BW, DQ) where it has them, else AVX2 + FMA, else the baseline.

@@ -306,6 +306,10 @@ void VisionTransformerImpl::set_fused_blocks(bool on) {
   for (const auto& module : *blocks) module->as<Block>()->fused = on;
 }
 
+void VisionTransformerImpl::set_bf16_products(bool on) {
+  for (const auto& module : *blocks) module->as<Block>()->bf16_products = on;
+}
+
 int64_t count_parameters(const torch::nn::Module& module) {
   int64_t total = 0;
   for (const auto& p : module.parameters()) total += p.numel();

@@ -69,6 +69,10 @@ struct VisionTransformerImpl : torch::nn::Module {
   void set_attention_kernel(AttentionKernel kernel);
   // Lets every block take the fused CPU path where it applies (the default), or keeps them all operator by operator.
   void set_fused_blocks(bool on);
+  // Runs the fused CPU blocks' linear products in bfloat16 with float32 accumulation, forward and backward
+  // (BlockShape::bf16: CPU mixed precision for training, train.amp bf16); the caller checks
+  // cpu_bf16_refusal() (model/precision.h) first. Blocks off the fused path stay float32.
+  void set_bf16_products(bool on);
   // Runs inference in `precision` (model/precision.h) on the device the parameters are on now (move the model first):
   // on the CPU every linear layer and the patch embedding are packed in int8 or bf16 (from the current weights; the
   // float32 ones stay for gradients); on CUDA forward runs under fp16 or bf16 autocast. fp32 undoes either. Throws

@@ -20,6 +20,7 @@
 #include "data/loader.h"
 #include "io/model_file.h"
 #include "model/autocast.h"
+#include "model/precision.h"
 #include "train/distributed.h"
 #include "train/evaluate.h"
 #include "train/loss_scaler.h"
@@ -79,12 +80,28 @@ Config run_config(const TrainRequest& request) {
 torch::Device training_device(const TrainConfig& tc, const DistEnv& env) {
   torch::Device device = resolve_device(tc.device);
   if (device.is_cuda() && env.world_size > 1) device = torch::Device(torch::kCUDA, env.local_rank);
-  if (tc.amp != AmpMode::off && !device.is_cuda()) {
-    log::warn(std::string(VIT_TRAIN_KEY(amp) + "=") + name_of(tc.amp) + " needs CUDA; training in float32 on " +
-              device.str());
-  }
   return device;
 }
+
+}  // namespace
+
+AmpMode apply_amp(VisionTransformer& net, AmpMode amp, const torch::Device& device, const std::string& setting) {
+  if (amp == AmpMode::off || device.is_cuda()) return amp;
+  const std::string asked = setting + " " + name_of(amp);
+  std::string refusal = !device.is_cpu()       ? "mixed precision runs on CUDA or the CPU"
+                        : amp == AmpMode::fp16 ? "fp16 mixed precision needs CUDA (on the CPU use bf16)"
+                                               : cpu_bf16_refusal();
+  if (!refusal.empty()) {
+    log::warn(asked + ": " + refusal + "; running in float32 on " + device.str());
+    return AmpMode::off;
+  }
+  net->set_bf16_products(true);
+  log::info(asked + " on the CPU: the fused blocks' linear layers multiply in bfloat16 (float32 accumulation; " +
+            cpu_precision_features() + "), everything else in float32");
+  return amp;
+}
+
+namespace {
 
 // What one optimiser step reports.
 struct StepResult {
@@ -225,6 +242,7 @@ Training::Training(const TrainRequest& request, const TrainHooks& hooks)
     for (const auto& note : load_for_finetune(request.init_from, net_)) log::info(request.init_from + ": " + note);
   }
   net_->to(device_);
+  apply_amp(net_, tc_.amp, device_, VIT_TRAIN_KEY(amp));
   for (const auto& item : net_->named_parameters()) named_parameters_.emplace_back(item.key(), item.value());
   frozen_ = freeze_parameters(named_parameters_, tc_.freeze);
   LrScale lr_scale;

@@ -45,6 +45,13 @@ struct TrainResult {
 
 TrainResult train(const TrainRequest& request, const TrainHooks& hooks = {});
 
+// Sets up the mixed precision `amp` for training net on device (train.amp; bench's --amp) and returns what runs. On
+// CUDA: autocast, which the caller scopes (bf16, or fp16 with loss scaling). On the CPU, bf16: the fused blocks'
+// linear products in bfloat16 with float32 accumulation (VisionTransformerImpl::set_bf16_products), said once in
+// the log. Anything else (fp16 on the CPU, a CPU without AVX512_BF16 or AMX, a build without oneDNN) warns with the
+// reason and returns AmpMode::off: float32. setting names the option in those lines.
+AmpMode apply_amp(VisionTransformer& net, AmpMode amp, const torch::Device& device, const std::string& setting);
+
 // The training loss: soft-target cross-entropy when `soft_targets` is defined (mixup/cutmix, already smoothed),
 // otherwise label-smoothed cross-entropy on `labels`.
 torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tensor& labels,
