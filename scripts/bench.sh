@@ -12,10 +12,13 @@
 # bilinear) + flip + float + normalise, on generated photo-like JPEGs of 500x375 and 2,000x1,500, as loose files and
 # as tar shards (scripts/make_bench_images.py makes them once into $VIT_BENCH_DATA, default build/bench-data).
 #
-#   scripts/bench.sh [--vit PATH] [--threads N] [--repeats R] [--quick] [--only model|data|precision|serve]
+#   scripts/bench.sh [--vit PATH] [--threads N] [--repeats R] [--quick] [--only model|data|precision|amp|serve]
 #
 # --only precision: `vit bench --precision` int8 and bf16 against float32 and against onnxruntime's quantize_dynamic
 # of our ONNX export (ViT-S/16, ViT-B/16; batch-1 latency and batch-32 img/s); also part of a full run.
+# --only amp: mixed-precision training on the CPU, `vit bench --amp bf16` (the fused blocks' products in bfloat16)
+# against PyTorch 2 eager under torch.autocast("cpu", torch.bfloat16), each beside its own float32, on the three
+# training cases; also part of a full run.
 # --only serve: HTTP classification under load (scripts/bench_serve.py): `vit serve` against FastAPI + uvicorn + timm
 # (scripts/serve_timm.py), driven by wrk at 1, 8 and 64 connections with ViT-Ti/16 (img/s, p50/p99 latency, errors),
 # beside `vit predict`'s folder img/s and one image's decode + forward; also the last part of a full run. It needs wrk
@@ -207,12 +210,53 @@ for goal in goals:
 PY
 }
 
+# ---- mixed-precision training: vit --amp bf16 against PyTorch 2 eager under CPU autocast, each with its float32 ----
+bench_amp() {
+  local results=$work/amp.jsonl
+  local amp_cases=("F-MNIST default config train b128|default|128|20|3"
+                   "F-MNIST 6x128 patch 4 train b128|fashion_mnist|128|10|2" "ViT-S/16 train b16|vit_small|16|4|1")
+  [ $quick = 1 ] && amp_cases=("F-MNIST 6x128 patch 4 train b128|fashion_mnist|128|2|1")
+  [ -f "$work/default.json" ] || amp_cases=("${amp_cases[@]:1}")
+  for case in "${amp_cases[@]}"; do
+    IFS='|' read -r name config batch steps warmup <<< "$case"
+    local args=(--config "$work/$config.json" --mode train --batch-size "$batch" --steps "$steps" --warmup "$warmup"
+                --threads "$threads" --json)
+    for ((r = 1; r <= repeats; r++)); do
+      for side in "vit off" "vit bf16" "eager off" "eager bf16"; do
+        read -r tool amp <<< "$side"
+        echo "[$name amp] $tool $amp run $r/$repeats" >&2
+        if [ "$tool" = vit ]; then
+          out=$("$vit" bench --device cpu "${args[@]}" --amp "$amp" 2>/dev/null)
+        else
+          out=$("$venv_python" "$root/scripts/bench_pytorch.py" "${args[@]}" --amp "$amp")
+        fi
+        echo "{\"case\": \"$name\", \"side\": \"$tool $amp\", \"result\": $out}" >> "$results"
+      done
+    done
+  done
+  "$venv_python" - "$results" "$threads" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+print(f"\nMixed-precision training on the CPU, {sys.argv[2]} threads, train img/s, medians of alternating runs\n")
+print("| case | vit fp32 | vit bf16 | eager fp32 | eager bf16 (autocast) | vit bf16 / vit fp32 | "
+      "vit bf16 / eager bf16 | vit bf16 / eager fp32 |")
+print("|---" * 8 + "|")
+for case in dict.fromkeys(r["case"] for r in rows):
+    med = {side: statistics.median(r["result"]["img_per_s"] for r in rows if (r["case"], r["side"]) == (case, side))
+           for side in ("vit off", "vit bf16", "eager off", "eager bf16")}
+    print(f"| {case} | {med['vit off']:.1f} | {med['vit bf16']:.1f} | {med['eager off']:.1f} | {med['eager bf16']:.1f} | "
+          f"{med['vit bf16'] / med['vit off']:.2f}x | {med['vit bf16'] / med['eager bf16']:.2f}x | "
+          f"{med['vit bf16'] / med['eager off']:.2f}x |")
+PY
+}
+
 # name | config | mode | batch | steps | warmup | goals: side>=ratio or side<=ratio (vit/side; img/s up, latency down).
 # mode: train (img/s), infer (batch-1 latency; onnxruntime too), throughput (inference img/s at the batch size).
 if [ "$only" = precision ]; then bench_precision; exit 0; fi
+[ -f "$root/configs/fashion_mnist.json" ] && cp "$root/configs/fashion_mnist.json" "$work/default.json"
+if [ "$only" = amp ]; then bench_amp; exit 0; fi
 cases=()
 if [ -f "$root/configs/fashion_mnist.json" ]; then  # the shipped default
-  cp "$root/configs/fashion_mnist.json" "$work/default.json"
   cases+=("F-MNIST default config train b128|default|train|128|20|3|eager>=1.6 compile>=1.0")
 fi
 cases+=(
@@ -314,4 +358,5 @@ else
 fi
 [ "$only" = model ] || bench_data
 [ "$only" = model ] || bench_precision
+[ "$only" = model ] || bench_amp
 [ "$only" = model ] || bench_serve

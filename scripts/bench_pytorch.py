@@ -5,7 +5,10 @@ where this PyTorch has a fused CPU kernel, gradient clipping), eager or through 
 the same synthetic inputs. Reads the model section of the same JSON config (preset + overrides).
 
     .venv/bin/python scripts/bench_pytorch.py --config CFG [--mode train|infer|both] [--batch-size N]
-        [--steps S] [--warmup W] [--threads N] [--compile] [--json]
+        [--steps S] [--warmup W] [--threads N] [--compile] [--amp bf16] [--json]
+
+--amp bf16 runs the forward passes (and so their backward) under torch.autocast("cpu", torch.bfloat16), as timm's
+train.py --amp --amp-dtype bfloat16 does on the CPU: linear layers and the patch convolution in bfloat16.
 
 --compile wraps the model in torch.compile (default mode); as timm's train.py --torchcompile, the loss and the
 optimizer stay eager. The warmup calls absorb the compilation; "compile_s" is the time of the first calls.
@@ -169,6 +172,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (default mode)")
+    parser.add_argument("--amp", choices=["off", "bf16"], default="off", help="CPU autocast to bfloat16")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if int(torch.__version__.split(".")[0]) < 2:
@@ -194,7 +198,8 @@ def main():
     peak = sgemm_peak()
     B = args.batch_size
     result = {"framework": "pytorch " + torch.__version__, "compile": args.compile, "threads": threads,
-              "batch_size": B, "gmacs": macs / 1e9, "peak_gflops": peak}
+              "batch_size": B, "gmacs": macs / 1e9, "peak_gflops": peak, "amp": args.amp}
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16")
     first_calls = []
 
     if args.mode in ("train", "both"):
@@ -205,7 +210,8 @@ def main():
 
         def step():
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(forward(images), labels, label_smoothing=0.1)
+            with autocast():
+                loss = F.cross_entropy(forward(images), labels, label_smoothing=0.1)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -219,7 +225,7 @@ def main():
 
     if args.mode in ("infer", "both"):
         model.eval()
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast():
             one = torch.randn(1, margs["in_chans"], margs["img_h"], margs["img_w"])
             batch = torch.randn(B, margs["in_chans"], margs["img_h"], margs["img_w"])
             times, first = timed(lambda: forward(one), args.warmup, args.steps)

@@ -477,7 +477,7 @@ TEST(Bf16Products, GemmIsTheFloat32ProductOfTheRoundedInputs) {
         // Stored as op() reads them: A (M, K) or its transpose (K, M), each row padded.
         const auto a = torch::randn({ta == 'N' ? M : K, (ta == 'N' ? K : M) + pad}).to(torch::kBFloat16);
         const auto b = torch::randn({tb == 'N' ? K : N, (tb == 'N' ? N : K) + pad}).to(torch::kBFloat16);
-        const auto c0 = torch::randn({M, N + pad});
+        const auto c0 = torch::randn({M, N + pad});  // C wider than its rows too (written through a dense copy)
         auto op = [](const torch::Tensor& t, char trans, int64_t cols) {
           const auto view = t.narrow(1, 0, cols).to(torch::kFloat);
           return trans == 'N' ? view : view.t();

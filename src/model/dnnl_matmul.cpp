@@ -6,6 +6,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -111,6 +113,7 @@ using GemmKey = std::tuple<char, char, int64_t, int64_t, int64_t, int64_t, int64
 struct Gemm {
   dnnl::matmul matmul;
   dnnl::memory::desc a, b, c, scratchpad;
+  std::string kernel;  // oneDNN's name for the implementation chosen
 };
 
 Gemm make_gemm(const GemmKey& key) {
@@ -128,8 +131,18 @@ Gemm make_gemm(const GemmKey& key) {
     sum.append_sum(beta);
     attr.set_post_ops(sum);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-  return {dnnl::matmul(pd), a, b, c, pd.scratchpad_desc()};
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+  // The brgemm kernels (AMX, AVX512_BF16) where oneDNN has one for the shape, even where it would rank its gemm-based
+  // one first (small shapes): in a process that also holds PyTorch's wheel, whose LibTorch exports its own oneDNN's
+  // weak gemm_info_t symbols, the gemm-based bf16 kernels of Debian's oneDNN bind to those and fail to run.
+  const dnnl::matmul::primitive_desc first = pd;
+  while (std::string(pd.impl_info_str()).rfind("brg", 0) != 0) {
+    if (!pd.next_impl()) {
+      pd = first;
+      break;
+    }
+  }
+  return {dnnl::matmul(pd), a, b, c, pd.scratchpad_desc(), pd.impl_info_str()};
 }
 
 }  // namespace
@@ -137,25 +150,51 @@ Gemm make_gemm(const GemmKey& key) {
 void gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  static std::mutex mutex;
-  static std::map<GemmKey, Gemm> made;
-  const GemmKey key{transa, transb, M, N, K, lda, ldb, ldc, alpha, beta};
-  Gemm gemm;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto found = made.find(key);
-    if (found == made.end()) found = made.emplace(key, make_gemm(key)).first;
-    gemm = found->second;
+  // oneDNN's brgemm kernels read A and B and write C dense (leading dimension = row length): a strided operand goes
+  // through a dense copy of it, the running thread's own.
+  const int64_t a_cols = transa == 'N' ? K : M, b_cols = transb == 'N' ? N : K;
+  if (lda != a_cols || ldb != b_cols) {
+    thread_local std::vector<uint16_t> dense_a, dense_b;
+    auto dense = [](const uint16_t* from, int64_t rows, int64_t cols, int64_t ld, std::vector<uint16_t>& to) {
+      if (to.size() < static_cast<size_t>(rows * cols)) to.resize(rows * cols);
+      for (int64_t i = 0; i < rows; ++i) std::memcpy(to.data() + i * cols, from + i * ld, cols * sizeof(uint16_t));
+      return to.data();
+    };
+    if (lda != a_cols) A = dense(A, transa == 'N' ? M : K, a_cols, lda, dense_a), lda = a_cols;
+    if (ldb != b_cols) B = dense(B, transb == 'N' ? K : N, b_cols, ldb, dense_b), ldb = b_cols;
   }
+  if (ldc != N) {  // through a dense copy, then C = copy + beta C
+    thread_local std::vector<float> dense;
+    if (dense.size() < static_cast<size_t>(M * N)) dense.resize(M * N);
+    gemm_bf16(transa, transb, M, N, K, alpha, A, lda, B, ldb, 0.0f, dense.data(), N);
+    for (int64_t i = 0; i < M; ++i) {
+      float* row = C + i * ldc;
+      const float* from = dense.data() + i * N;
+      for (int64_t j = 0; j < N; ++j) row[j] = from[j] + (beta == 0.0f ? 0.0f : beta * row[j]);
+    }
+    return;
+  }
+  // Each thread keeps the primitives it made: a primitive runs under the threading it was made under (an OpenMP
+  // team's worker may see another thread count than the thread that made it, and oneDNN then refuses to run it).
+  thread_local std::map<GemmKey, Gemm> made;
+  const GemmKey key{transa, transb, M, N, K, lda, ldb, ldc, alpha, beta};
+  auto found = made.find(key);
+  if (found == made.end()) found = made.emplace(key, make_gemm(key)).first;
+  const Gemm& gemm = found->second;
   thread_local std::vector<char> scratch;
   if (scratch.size() < gemm.scratchpad.get_size()) scratch.resize(gemm.scratchpad.get_size());
   auto& engine = cpu_engine();
   dnnl::stream stream(engine);
-  gemm.matmul.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(gemm.a, engine, const_cast<uint16_t*>(A))},
-                               {DNNL_ARG_WEIGHTS, dnnl::memory(gemm.b, engine, const_cast<uint16_t*>(B))},
-                               {DNNL_ARG_DST, dnnl::memory(gemm.c, engine, C)},
-                               {DNNL_ARG_SCRATCHPAD, dnnl::memory(gemm.scratchpad, engine, scratch.data())}});
-  stream.wait();
+  try {
+    gemm.matmul.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(gemm.a, engine, const_cast<uint16_t*>(A))},
+                                 {DNNL_ARG_WEIGHTS, dnnl::memory(gemm.b, engine, const_cast<uint16_t*>(B))},
+                                 {DNNL_ARG_DST, dnnl::memory(gemm.c, engine, C)},
+                                 {DNNL_ARG_SCRATCHPAD, dnnl::memory(gemm.scratchpad, engine, scratch.data())}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    throw std::runtime_error("gemm_bf16 " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+                             " (oneDNN " + gemm.kernel + "): " + e.what());
+  }
 }
 
 }  // namespace vit
