@@ -290,7 +290,7 @@ for case in "${cases[@]}"; do
     for side in "${sides[@]}"; do
       echo "[$name] $side run $r/$repeats" >&2
       case $side in
-        vit) out=$("$vit" bench --device cpu "${args[@]}") ;;
+        vit) out=$("$vit" bench --device cpu "${args[@]}" --amp off) ;;  # float32, as the other sides (a config may say bf16)
         eager) out=$("$venv_python" "$root/scripts/bench_pytorch.py" "${args[@]}") ;;
         compile) out=$("$venv_python" "$root/scripts/bench_pytorch.py" "${args[@]}" --compile) ;;
         onnxruntime) out=$("$venv_python" "$root/scripts/bench_onnxruntime.py" --model "$work/$config.onnx" \
