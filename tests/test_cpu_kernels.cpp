@@ -170,6 +170,30 @@ struct FusedCase {
   void (*set)(ModelConfig&);
 };
 
+// A case's two-block model with perturbed weights in training mode, three images, and what the tests take gradients
+// of: the images, then every parameter. 17 tokens, head dim 16: the short-sequence attention kernels
+// (model/row_kernels.h).
+struct TrainingCase {
+  VisionTransformer net{nullptr};
+  torch::Tensor images;
+  std::vector<torch::Tensor> inputs;
+};
+
+TrainingCase training_case(const FusedCase& fused_case) {
+  ModelConfig config = test::tiny_vit(/*img=*/24, /*patch=*/6, /*in_chans=*/3, /*num_classes=*/5,
+                                      /*embed_dim=*/64, /*depth=*/2, /*num_heads=*/4, /*mlp_ratio=*/3.0);
+  fused_case.set(config);
+  torch::manual_seed(0);
+  TrainingCase made{VisionTransformer(config)};
+  test::perturb_weights(made.net, 1);
+  made.net->train();
+  torch::manual_seed(2);
+  made.images = torch::randn({3, 3, config.img_h, config.img_w}, torch::requires_grad());
+  made.inputs.push_back(made.images);
+  for (const auto& p : made.net->parameters()) made.inputs.push_back(p);
+  return made;
+}
+
 // The fused block against the per-operator path on each option it covers, in training mode: logits within 1e-5
 // (relative to their scale), the gradient of every parameter and of the input within 1e-5 relative. Stochastic
 // depth draws the same samples under the same seed.
@@ -219,20 +243,11 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
   };
   ThreeThreads threads;
   for (const auto& fused_case : cases) {
-    // 17 tokens, head dim 16: the short-sequence attention kernels (model/row_kernels.h).
-    ModelConfig config = test::tiny_vit(/*img=*/24, /*patch=*/6, /*in_chans=*/3, /*num_classes=*/5,
-                                        /*embed_dim=*/64, /*depth=*/2, /*num_heads=*/4, /*mlp_ratio=*/3.0);
-    fused_case.set(config);
-    torch::manual_seed(0);
-    VisionTransformer net(config);
-    test::perturb_weights(net, 1);
-    net->train();
+    TrainingCase made = training_case(fused_case);
+    VisionTransformer& net = made.net;
+    const torch::Tensor& images = made.images;
+    const std::vector<torch::Tensor>& inputs = made.inputs;
     ASSERT_EQ(net->blocks[0]->as<Block>()->fused_refusal(), "") << fused_case.name;
-    torch::manual_seed(2);
-    const auto images = torch::randn({3, 3, config.img_h, config.img_w}, torch::requires_grad());
-    std::vector<torch::Tensor> inputs{images};
-    for (const auto& p : net->parameters()) inputs.push_back(p);
-
     auto run = [&](bool fused) {
       net->set_fused_blocks(fused);
       torch::manual_seed(3);  // the drop-path draws
@@ -526,17 +541,10 @@ TEST(FusedBlock, Bf16ProductsStayWithinBf16RoundingOfFloat32) {
   };
   ThreeThreads threads;
   for (const auto& fused_case : cases) {
-    ModelConfig config = test::tiny_vit(/*img=*/24, /*patch=*/6, /*in_chans=*/3, /*num_classes=*/5,
-                                        /*embed_dim=*/64, /*depth=*/2, /*num_heads=*/4, /*mlp_ratio=*/3.0);
-    fused_case.set(config);
-    torch::manual_seed(0);
-    VisionTransformer net(config);
-    test::perturb_weights(net, 1);
-    net->train();
-    torch::manual_seed(2);
-    const auto images = torch::randn({3, 3, config.img_h, config.img_w}, torch::requires_grad());
-    std::vector<torch::Tensor> inputs{images};
-    for (const auto& p : net->parameters()) inputs.push_back(p);
+    TrainingCase made = training_case(fused_case);
+    VisionTransformer& net = made.net;
+    const torch::Tensor& images = made.images;
+    const std::vector<torch::Tensor>& inputs = made.inputs;
     auto run = [&](bool fused, bool bf16) {
       net->set_fused_blocks(fused);
       net->set_bf16_products(bf16);
