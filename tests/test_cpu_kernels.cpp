@@ -174,6 +174,17 @@ struct FusedCase {
 // of: the images, then every parameter. 17 tokens, head dim 16: the short-sequence attention kernels
 // (model/row_kernels.h).
 struct TrainingCase {
+  // The logits, then the gradients of the inputs, with the blocks fused or not and their products in bf16 or not.
+  std::vector<torch::Tensor> run(bool fused, bool bf16 = false) {
+    net->set_fused_blocks(fused);
+    net->set_bf16_products(bf16);
+    torch::manual_seed(3);  // the drop-path draws
+    auto logits = net->forward(images);
+    auto grads = grads_of(logits, inputs);
+    grads.insert(grads.begin(), logits);
+    return grads;
+  }
+
   VisionTransformer net{nullptr};
   torch::Tensor images;
   std::vector<torch::Tensor> inputs;
@@ -244,20 +255,9 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
   ThreeThreads threads;
   for (const auto& fused_case : cases) {
     TrainingCase made = training_case(fused_case);
-    VisionTransformer& net = made.net;
-    const torch::Tensor& images = made.images;
-    const std::vector<torch::Tensor>& inputs = made.inputs;
-    ASSERT_EQ(net->blocks[0]->as<Block>()->fused_refusal(), "") << fused_case.name;
-    auto run = [&](bool fused) {
-      net->set_fused_blocks(fused);
-      torch::manual_seed(3);  // the drop-path draws
-      auto logits = net->forward(images);
-      auto grads = grads_of(logits, inputs);
-      grads.insert(grads.begin(), logits);
-      return grads;
-    };
-    const auto expected = run(false);
-    const auto actual = run(true);
+    ASSERT_EQ(made.net->blocks[0]->as<Block>()->fused_refusal(), "") << fused_case.name;
+    const auto expected = made.run(false);
+    const auto actual = made.run(true);
     double worst_grad = 0.0;
     for (size_t i = 1; i < expected.size(); ++i) worst_grad = std::max(worst_grad, relative_diff(actual[i], expected[i]));
     const double logits_diff = relative_diff(actual[0], expected[0]);
@@ -542,19 +542,8 @@ TEST(FusedBlock, Bf16ProductsStayWithinBf16RoundingOfFloat32) {
   ThreeThreads threads;
   for (const auto& fused_case : cases) {
     TrainingCase made = training_case(fused_case);
-    VisionTransformer& net = made.net;
-    const torch::Tensor& images = made.images;
-    const std::vector<torch::Tensor>& inputs = made.inputs;
-    auto run = [&](bool fused, bool bf16) {
-      net->set_fused_blocks(fused);
-      net->set_bf16_products(bf16);
-      auto logits = net->forward(images);
-      auto grads = grads_of(logits, inputs);
-      grads.insert(grads.begin(), logits);
-      return grads;
-    };
-    const auto expected = run(false, false);
-    const auto actual = run(true, true);
+    const auto expected = made.run(false);
+    const auto actual = made.run(true, /*bf16=*/true);
     // The blocks' weight gradients (2-D parameters of the blocks) come from bfloat16 products; the rest through them.
     double worst = 0.0;
     for (size_t i = 0; i < expected.size(); ++i) worst = std::max(worst, relative_diff(actual[i], expected[i]));
@@ -564,7 +553,6 @@ TEST(FusedBlock, Bf16ProductsStayWithinBf16RoundingOfFloat32) {
     EXPECT_GT(logits_diff, 1e-5) << fused_case.name << ": no bfloat16 rounding at all";
     EXPECT_LT(logits_diff, 5e-3) << fused_case.name;
     EXPECT_LT(worst, 3e-2) << fused_case.name;
-    net->set_bf16_products(false);
   }
 }
 
