@@ -174,8 +174,8 @@ void gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float 
     }
     return;
   }
-  // Each thread keeps the primitives it made: a primitive runs under the threading it was made under (an OpenMP
-  // team's worker may see another thread count than the thread that made it, and oneDNN then refuses to run it).
+  // Each thread keeps the primitives it made (once per shape; no lock on the hot path). oneDNN fixes a primitive's
+  // split over threads when it is made, so a primitive made inside a parallel region is also run inside one.
   thread_local std::map<GemmKey, Gemm> made;
   const GemmKey key{transa, transb, M, N, K, lda, ldb, ldc, alpha, beta};
   auto found = made.find(key);
