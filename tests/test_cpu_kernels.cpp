@@ -195,7 +195,8 @@ TrainingCase training_case(const FusedCase& fused_case) {
                                       /*embed_dim=*/64, /*depth=*/2, /*num_heads=*/4, /*mlp_ratio=*/3.0);
   fused_case.set(config);
   torch::manual_seed(0);
-  TrainingCase made{VisionTransformer(config)};
+  TrainingCase made;
+  made.net = VisionTransformer(config);
   test::perturb_weights(made.net, 1);
   made.net->train();
   torch::manual_seed(2);
@@ -479,14 +480,15 @@ TEST(RowKernels, Bf16RoundingIsC10s) {
 
 #if VIT_WITH_DNNL
 // gemm_bf16 computes what float32 products of the rounded inputs compute (only the order of the float32 sums may
-// differ): every transpose, alpha and beta, leading dimensions wider than the rows, one call inside a parallel
-// region per thread.
+// differ): every transpose, alpha and beta, a bias, leading dimensions wider than the rows, one call inside a
+// parallel region per thread.
 TEST(Bf16Products, GemmIsTheFloat32ProductOfTheRoundedInputs) {
   SKIP_WITHOUT_BF16();
   double worst = 0.0;
   for (const char ta : {'N', 'T'}) {
     for (const char tb : {'N', 'T'}) {
-      for (const auto& [alpha, beta] : {std::pair<float, float>{1.0f, 0.0f}, {0.5f, 1.0f}}) {
+      for (const auto& [alpha, beta, with_bias] :
+           {std::tuple<float, float, bool>{1.0f, 0.0f, false}, {0.5f, 1.0f, false}, {1.0f, 0.5f, true}}) {
         const int64_t M = 37, N = 24, K = 53, pad = 3;
         torch::manual_seed(ta * 7 + tb);
         // Stored as op() reads them: A (M, K) or its transpose (K, M), each row padded.
@@ -497,26 +499,29 @@ TEST(Bf16Products, GemmIsTheFloat32ProductOfTheRoundedInputs) {
           const auto view = t.narrow(1, 0, cols).to(torch::kFloat);
           return trans == 'N' ? view : view.t();
         };
-        const auto expected =
-            alpha * torch::mm(op(a, ta, ta == 'N' ? K : M), op(b, tb, tb == 'N' ? N : K)) + beta * c0.narrow(1, 0, N);
+        const auto bias = with_bias ? torch::randn({N}) : torch::zeros({N});
+        const auto expected = alpha * torch::mm(op(a, ta, ta == 'N' ? K : M), op(b, tb, tb == 'N' ? N : K)) + bias +
+                              beta * c0.narrow(1, 0, N);
         auto c = c0.clone();
         const auto* a_bits = reinterpret_cast<const uint16_t*>(a.data_ptr<at::BFloat16>());
         const auto* b_bits = reinterpret_cast<const uint16_t*>(b.data_ptr<at::BFloat16>());
-        gemm_bf16(ta, tb, M, N, K, alpha, a_bits, a.size(1), b_bits, b.size(1), beta, c.data_ptr<float>(), c.size(1));
+        gemm_bf16(ta, tb, M, N, K, alpha, a_bits, a.size(1), b_bits, b.size(1), beta, c.data_ptr<float>(), c.size(1),
+                  with_bias ? bias.data_ptr<float>() : nullptr);
         worst = std::max(worst, relative_diff(c.narrow(1, 0, N), expected));
         EXPECT_TRUE(torch::equal(c.narrow(1, N, pad), c0.narrow(1, N, pad))) << "the padding was written";
       }
     }
   }
-  // Two threads at once, each on its own rows inside one parallel region (the fused block's narrow plan).
+  // Two threads at once, each on its own rows inside one parallel region, with a bias (the fused block's narrow plan).
   const auto a = torch::randn({64, 32}).to(torch::kBFloat16), b = torch::randn({16, 32}).to(torch::kBFloat16);
+  const auto bias = torch::randn({16});
   auto c = torch::empty({64, 16});
   at::parallel_for(0, 64, 1, [&](int64_t r0, int64_t r1) {
     gemm_bf16('N', 'T', r1 - r0, 16, 32, 1.0f, reinterpret_cast<const uint16_t*>(a.data_ptr<at::BFloat16>()) + r0 * 32,
               32, reinterpret_cast<const uint16_t*>(b.data_ptr<at::BFloat16>()), 32, 0.0f,
-              c.data_ptr<float>() + r0 * 16, 16);
+              c.data_ptr<float>() + r0 * 16, 16, bias.data_ptr<float>());
   });
-  worst = std::max(worst, relative_diff(c, torch::mm(a.to(torch::kFloat), b.to(torch::kFloat).t())));
+  worst = std::max(worst, relative_diff(c, torch::mm(a.to(torch::kFloat), b.to(torch::kFloat).t()) + bias));
   std::printf("gemm_bf16 against float32 products of the rounded inputs: max relative difference %.3g\n", worst);
   EXPECT_LT(worst, 1e-5);
 }

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -108,21 +109,22 @@ void DnnlMatmul::run(int64_t M, const void* a, void* c, const float* bias) const
 namespace {
 
 // A product's shape, strides and scalars: what its primitive is made for.
-using GemmKey = std::tuple<char, char, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
+using GemmKey = std::tuple<char, char, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool>;
 
 struct Gemm {
   dnnl::matmul matmul;
-  dnnl::memory::desc a, b, c, scratchpad;
+  dnnl::memory::desc a, b, c, bias, scratchpad;
   std::string kernel;  // oneDNN's name for the implementation chosen
 };
 
 Gemm make_gemm(const GemmKey& key) {
-  const auto [transa, transb, M, N, K, lda, ldb, ldc, alpha, beta] = key;
+  const auto [transa, transb, M, N, K, lda, ldb, ldc, alpha, beta, with_bias] = key;
   using dims = dnnl::memory::dims;
   // op(A) (M, K) and op(B) (K, N) as strided views of the row-major arrays: a transpose swaps the strides.
   const dnnl::memory::desc a({M, K}, dt::bf16, transa == 'N' ? dims{lda, 1} : dims{1, lda});
   const dnnl::memory::desc b({K, N}, dt::bf16, transb == 'N' ? dims{ldb, 1} : dims{1, ldb});
   const dnnl::memory::desc c({M, N}, dt::f32, dims{ldc, 1});
+  const dnnl::memory::desc bias = with_bias ? dnnl::memory::desc({1, N}, dt::f32, tag::ab) : dnnl::memory::desc();
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
@@ -131,7 +133,7 @@ Gemm make_gemm(const GemmKey& key) {
     sum.append_sum(beta);
     attr.set_post_ops(sum);
   }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, bias, c), attr, cpu_engine());
   // The brgemm kernels (AMX, AVX512_BF16) where oneDNN has one for the shape, even where it would rank its gemm-based
   // one first (small shapes): in a process that also holds PyTorch's wheel, whose LibTorch exports its own oneDNN's
   // weak gemm_info_t symbols, the gemm-based bf16 kernels of Debian's oneDNN bind to those and fail to run.
@@ -142,14 +144,15 @@ Gemm make_gemm(const GemmKey& key) {
       break;
     }
   }
-  return {dnnl::matmul(pd), a, b, c, pd.scratchpad_desc(), pd.impl_info_str()};
+  return {dnnl::matmul(pd), a, b, c, bias, pd.scratchpad_desc(), pd.impl_info_str()};
 }
 
 }  // namespace
 
 void gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
-               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias) {
   if (M == 0 || N == 0) return;
+  if (bias != nullptr && alpha != 1.0f) throw std::invalid_argument("gemm_bf16: a bias with alpha other than 1");
   // oneDNN's brgemm kernels read A and B and write C dense (leading dimension = row length): a strided operand goes
   // through a dense copy of it, the running thread's own.
   const int64_t a_cols = transa == 'N' ? K : M, b_cols = transb == 'N' ? N : K;
@@ -166,7 +169,7 @@ void gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float 
   if (ldc != N) {  // through a dense copy, then C = copy + beta C
     thread_local std::vector<float> dense;
     if (dense.size() < static_cast<size_t>(M * N)) dense.resize(M * N);
-    gemm_bf16(transa, transb, M, N, K, alpha, A, lda, B, ldb, 0.0f, dense.data(), N);
+    gemm_bf16(transa, transb, M, N, K, alpha, A, lda, B, ldb, 0.0f, dense.data(), N, bias);
     for (int64_t i = 0; i < M; ++i) {
       float* row = C + i * ldc;
       const float* from = dense.data() + i * N;
@@ -177,7 +180,7 @@ void gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float 
   // Each thread keeps the primitives it made (once per shape; no lock on the hot path). oneDNN fixes a primitive's
   // split over threads when it is made, so a primitive made inside a parallel region is also run inside one.
   thread_local std::map<GemmKey, Gemm> made;
-  const GemmKey key{transa, transb, M, N, K, lda, ldb, ldc, alpha, beta};
+  const GemmKey key{transa, transb, M, N, K, lda, ldb, ldc, alpha, beta, bias != nullptr};
   auto found = made.find(key);
   if (found == made.end()) found = made.emplace(key, make_gemm(key)).first;
   const Gemm& gemm = found->second;
@@ -185,11 +188,14 @@ void gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float 
   if (scratch.size() < gemm.scratchpad.get_size()) scratch.resize(gemm.scratchpad.get_size());
   auto& engine = cpu_engine();
   dnnl::stream stream(engine);
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(gemm.a, engine, const_cast<uint16_t*>(A))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(gemm.b, engine, const_cast<uint16_t*>(B))},
+      {DNNL_ARG_DST, dnnl::memory(gemm.c, engine, C)},
+      {DNNL_ARG_SCRATCHPAD, dnnl::memory(gemm.scratchpad, engine, scratch.data())}};
+  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(gemm.bias, engine, const_cast<float*>(bias)));
   try {
-    gemm.matmul.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(gemm.a, engine, const_cast<uint16_t*>(A))},
-                                 {DNNL_ARG_WEIGHTS, dnnl::memory(gemm.b, engine, const_cast<uint16_t*>(B))},
-                                 {DNNL_ARG_DST, dnnl::memory(gemm.c, engine, C)},
-                                 {DNNL_ARG_SCRATCHPAD, dnnl::memory(gemm.scratchpad, engine, scratch.data())}});
+    gemm.matmul.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& e) {
     throw std::runtime_error("gemm_bf16 " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +

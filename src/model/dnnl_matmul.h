@@ -37,12 +37,13 @@ class DnnlMatmul {
   std::unique_ptr<State> state_;
 };
 
-// Row-major C (M, N) = alpha op(A) op(B) + beta C, as sgemm (model/cpu_kernels.h), with A and B bfloat16 (their 16
-// bits as uint16_t) and C float32: products accumulated in float32 by oneDNN's matmul (AMX or AVX512_BF16 where the
-// CPU has them; precision_refusal says whether it does). op(X) is X or its transpose ('N' / 'T'), read through the
-// leading dimension, so no transpose is copied. One primitive per shape, made on first use and kept. Inside an OpenMP
-// parallel region it runs on the calling thread alone, else on all of them; safe to call from several threads.
+// Row-major C (M, N) = alpha op(A) op(B) (+ bias) + beta C, as sgemm (model/cpu_kernels.h), with A and B bfloat16
+// (their 16 bits as uint16_t) and C float32: products accumulated in float32 by oneDNN's matmul (AMX or AVX512_BF16
+// where the CPU has them; precision_refusal says whether it does). op(X) is X or its transpose ('N' / 'T'), read
+// through the leading dimension, so no transpose is copied. One primitive per shape, made on first use and kept. Inside
+// an OpenMP parallel region it runs on the calling thread alone, else on all of them; safe to call from several
+// threads. bias: (N) float32 added to every row inside the kernel (alpha must be 1), or null.
 void gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
-               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias = nullptr);
 
 }  // namespace vit
