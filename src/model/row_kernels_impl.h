@@ -248,23 +248,50 @@ void softmax_backward_rows(const float* p, float* dp, int64_t rows, int64_t cols
 template <int KB>
 VIT_INLINE void transpose_padded(const float* src, int64_t row, int64_t N, int64_t hd, float* dst) {
   constexpr int keys = 16 * KB;
-  for (int64_t d = 0; d < hd; ++d) {
-    for (int64_t j = 0; j < N; ++j) dst[d * keys + j] = src[j * row + d];
-    for (int64_t j = N; j < keys; ++j) dst[d * keys + j] = 0.0f;
+  for (int64_t j = 0; j < N; ++j) {  // src's rows in order: dst (16 KB floats per row) is what stays in cache
+    for (int64_t d = 0; d < hd; ++d) dst[d * keys + j] = src[j * row + d];
+  }
+  for (int64_t d = 0; d < hd; ++d) std::fill(dst + d * keys + N, dst + (d + 1) * keys, 0.0f);
+}
+
+// Output row r (16 B floats at out + r out_row) = sum over n < count of weights[r weight_row + n weight_stride]
+// scale * rows[n row_stride], for the R rows at once: each row's sum is a chain of dependent multiply-adds, so R rows
+// side by side keep R times as many in flight (and load each of `rows` once for all R). The shape of (scale q) k^T,
+// p v, P^T dO, dO v^T, dS k and dS^T q.
+template <int B, int R>
+VIT_INLINE void weighted_rows(const float* weights, int64_t weight_stride, int64_t weight_row, const float* rows,
+                              int64_t row_stride, int64_t count, float scale, float* out, int64_t out_row) {
+  constexpr int V = B * 16 / W;
+  vec acc[R][V] = {};
+  for (int64_t n = 0; n < count; ++n) {
+    vec x[V];
+    for (int b = 0; b < V; ++b) x[b] = loadv(rows + n * row_stride + W * b);
+    for (int r = 0; r < R; ++r) {
+      const float weight = weights[r * weight_row + n * weight_stride] * scale;
+      for (int b = 0; b < V; ++b) acc[r][b] += weight * x[b];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int b = 0; b < V; ++b) storev(out + r * out_row + W * b, acc[r][b]);
   }
 }
 
-// out (16 HB floats) = sum over n < count of weights[n * weight_stride] * rows[n * row_stride], in registers: the
-// shape of p v, P^T dO, dS k and dS^T q.
-template <int HB>
-VIT_INLINE void weighted_rows(const float* weights, int64_t weight_stride, const float* rows, int64_t row_stride,
-                              int64_t count, float* out) {
-  vec acc[HB * 16 / W] = {};
-  for (int64_t n = 0; n < count; ++n) {
-    const float weight = weights[n * weight_stride];
-    for (int b = 0; b < HB * 16 / W; ++b) acc[b] += weight * loadv(rows + n * row_stride + W * b);
+// weighted_rows for `out_rows` output rows, as many at once as the unit's registers hold.
+template <int B>
+VIT_INLINE void weighted_rows(int64_t out_rows, const float* weights, int64_t weight_stride, int64_t weight_row,
+                              const float* rows, int64_t row_stride, int64_t count, float scale, float* out,
+                              int64_t out_row) {
+  constexpr int V = B * 16 / W, registers = W == 16 ? 16 : 8;  // accumulators: half the vector registers
+  constexpr int R = std::clamp(registers / V, 1, 4);
+  int64_t r = 0;
+  for (; r + R <= out_rows; r += R) {
+    weighted_rows<B, R>(weights + r * weight_row, weight_stride, weight_row, rows, row_stride, count, scale,
+                        out + r * out_row, out_row);
   }
-  for (int b = 0; b < HB * 16 / W; ++b) storev(out + W * b, acc[b]);
+  for (; r < out_rows; ++r) {
+    weighted_rows<B, 1>(weights + r * weight_row, weight_stride, weight_row, rows, row_stride, count, scale,
+                        out + r * out_row, out_row);
+  }
 }
 
 // For count query rows: probabilities p (count, N) = softmax((scale q) k^T), out (count, hd; row stride ld) = p v.
@@ -272,34 +299,42 @@ VIT_INLINE void weighted_rows(const float* weights, int64_t weight_stride, const
 template <int KB, int HB>
 VIT_INLINE void short_attention_rows(const float* q, const float* k, const float* v, int64_t row, int64_t N,
                                      float scale, int64_t count, float* p, float* out, int64_t ld, float* kT) {
-  constexpr int hd = 16 * HB, keys = 16 * KB;
+  constexpr int hd = 16 * HB, keys = 16 * KB, V = keys / W;
   transpose_padded<KB>(k, row, N, hd, kT);
-  for (int64_t i = 0; i < count; ++i) {
-    vec acc[KB * 16 / W] = {};
-    const float* qi = q + i * row;
-    for (int d = 0; d < hd; ++d) {
-      const float qd = qi[d] * scale;  // timm's (q * scale) @ k^T
-      for (int b = 0; b < KB * 16 / W; ++b) acc[b] += qd * loadv(kT + d * keys + W * b);
+  float scores[64 * keys];  // (count, keys): count <= N <= 64 (short_attention_applies)
+  weighted_rows<KB>(count, q, 1, row, kT, keys, hd, scale, scores, keys);  // timm's (q * scale) @ k^T
+  // Softmax over the N real keys, in registers: the padding's lanes count as -inf in the max, then as 0.
+  vec pad[V], keep[V];
+  for (int b = 0; b < V; ++b) {
+    for (int l = 0; l < W; ++l) {
+      const bool real = W * b + l < N;
+      pad[b][l] = real ? 0.0f : -std::numeric_limits<float>::infinity();
+      keep[b][l] = real ? 1.0f : 0.0f;
     }
-    // Softmax over the N real keys, in registers: the padding's lanes count as -inf, then as 0.
-    float max = -std::numeric_limits<float>::infinity();
-    for (int b = 0; b < KB * 16 / W; ++b) {
-      for (int l = 0; l < W && W * b + l < N; ++l) max = std::max(max, acc[b][l]);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    float* si = scores + i * keys;
+    vec x[V];
+    vec top = loadv(si) + pad[0];
+    for (int b = 0; b < V; ++b) {
+      x[b] = loadv(si + W * b);
+      const vec masked = x[b] + pad[b];
+      top = masked > top ? masked : top;
+    }
+    float max = top[0];
+    for (int l = 1; l < W; ++l) max = std::max(max, top[l]);
+    vec sums = {};
+    for (int b = 0; b < V; ++b) {
+      x[b] = exp_nonpositive(x[b] - max) * keep[b];
+      sums += x[b];
     }
     float sum = 0.0f;
-    for (int b = 0; b < KB * 16 / W; ++b) {
-      acc[b] = exp_nonpositive(acc[b] - max);
-      for (int l = 0; l < W; ++l) {
-        if (W * b + l >= N) acc[b][l] = 0.0f;
-        sum += acc[b][l];
-      }
-    }
+    for (int l = 0; l < W; ++l) sum += sums[l];
     const float inverse = 1.0f / sum;
-    float scores[keys];
-    for (int b = 0; b < KB * 16 / W; ++b) storev(scores + W * b, acc[b] * inverse);
-    std::copy(scores, scores + N, p + i * N);
-    weighted_rows<HB>(scores, 1, v, row, N, out + i * ld);
+    for (int b = 0; b < V; ++b) storev(si + W * b, x[b] * inverse);
+    std::copy(si, si + N, p + i * N);
   }
+  weighted_rows<HB>(count, scores, 1, keys, v, row, N, 1.0f, out, ld);
 }
 
 // The backward of one head: dO (N, hd; row stride ld) -> dq, dk, dv (N, hd; row stride row), P (N, N) the saved
@@ -309,16 +344,11 @@ VIT_INLINE void short_attention_backward_rows(const float* P, const float* dO, i
                                               const float* k, const float* v, int64_t row, int64_t N, float scale,
                                               float* dq, float* dk, float* dv, float* vT, float* ds) {
   constexpr int hd = 16 * HB, keys = 16 * KB;
-  for (int64_t j = 0; j < N; ++j) weighted_rows<HB>(P + j, N, dO, ld, N, dv + j * row);  // dv_j = sum_i P_ij dO_i
+  weighted_rows<HB>(N, P, N, 1, dO, ld, N, 1.0f, dv, row);  // dv_j = sum_i P_ij dO_i
   transpose_padded<KB>(v, row, N, hd, vT);
-  for (int64_t i = 0; i < N; ++i) {  // dP_i = dO_i v^T; dS_i = P_i (dP_i - P_i . dP_i)
-    vec acc[KB * 16 / W] = {};
-    for (int d = 0; d < hd; ++d) {
-      const float g = dO[i * ld + d];
-      for (int b = 0; b < KB * 16 / W; ++b) acc[b] += g * loadv(vT + d * keys + W * b);
-    }
+  weighted_rows<KB>(N, dO, 1, ld, vT, keys, hd, 1.0f, ds, keys);  // dP_i = dO_i v^T
+  for (int64_t i = 0; i < N; ++i) {                               // dS_i = P_i (dP_i - P_i . dP_i)
     float* di = ds + i * keys;
-    for (int b = 0; b < KB * 16 / W; ++b) storev(di + W * b, acc[b]);
     const float* pi = P + i * N;
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -326,9 +356,8 @@ VIT_INLINE void short_attention_backward_rows(const float* P, const float* dO, i
 #pragma omp simd
     for (int64_t j = 0; j < N; ++j) di[j] = scale * pi[j] * (di[j] - dot);  // scale folded in: dq, dk need it
   }
-  for (int64_t i = 0; i < N; ++i)
-    weighted_rows<HB>(ds + i * keys, 1, k, row, N, dq + i * row);                            // scale sum_j dS_ij k_j
-  for (int64_t j = 0; j < N; ++j) weighted_rows<HB>(ds + j, keys, q, row, N, dk + j * row);  // scale sum_i dS_ij q_i
+  weighted_rows<HB>(N, ds, 1, keys, k, row, N, 1.0f, dq, row);  // scale sum_j dS_ij k_j
+  weighted_rows<HB>(N, ds, keys, 1, q, row, N, 1.0f, dk, row);  // scale sum_i dS_ij q_i
 }
 
 // CALL(KB, HB) with the block counts of N tokens and head dimension hd (short_attention_applies).
