@@ -118,7 +118,8 @@ class VisionTransformer(nn.Module):
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.blocks(x + self.pos_embed)
         x = self.norm(x)
-        x = x[:, 1:].mean(1) if self.global_pool == "avg" else x[:, 0]
+        prefix = 0 if self.cls_token is None else 1  # timm: the patch tokens after num_prefix_tokens
+        x = x[:, prefix:].mean(1) if self.global_pool == "avg" else x[:, 0]
         return self.head(x)
 
 

@@ -4,6 +4,7 @@
 #include "model/autocast.h"
 
 #include <c10/core/InferenceMode.h>
+#include <dlfcn.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
 
@@ -95,6 +96,15 @@ void check_options(const ModelConfig& model, const BenchOptions& options) {
   }
 }
 
+// OpenBLAS's name for the kernels it chose when it loaded ("Prescott" on a CPU it does not know), or "" where
+// torch::mm runs another BLAS (MKL in PyTorch's wheels).
+std::string openblas_core() {
+  using CoreName = char* (*)();
+  const auto core_name = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  const char* name = core_name != nullptr ? core_name() : nullptr;
+  return name != nullptr ? name : "";
+}
+
 }  // namespace
 
 double percentile(std::vector<double> samples, double q) {
@@ -163,6 +173,7 @@ BenchResult run_bench(VisionTransformer& net, const BenchOptions& options) {
     const auto peak_dtype = amp ? amp_dtype : torch::kFloat32;
     result.peak_dtype = c10::toString(peak_dtype);
     result.peak_gflops = measure_matmul_peak(device, peak_dtype, options.peak_seconds, device.is_cuda() ? 4096 : 1024);
+    if (device.is_cpu()) result.torch_blas = openblas_core();
     if (device.is_cpu() && cpu_kernels_available()) {
       result.kernel_peak_gflops = measure_matmul_peak(device, peak_dtype, options.peak_seconds, 1024,
                                                       /*through_model_linear=*/true);
@@ -262,6 +273,8 @@ nlohmann::json to_json(const BenchResult& r) {
       {"infer_gflops", value(r.infer_gflops)},
       {"peak_gflops", value(r.peak_gflops)},
       {"peak_dtype", r.peak_dtype},
+      {"best_peak_gflops", value(r.best_peak_gflops())},
+      {"torch_blas", r.torch_blas.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.torch_blas)},
       {"kernel_peak_gflops", value(r.kernel_peak_gflops)},
       {"kernel_peak_fraction", value(r.kernel_peak_fraction())},
       {"peak_cuda_mb", value(r.peak_cuda_mb)},

@@ -315,8 +315,9 @@ VIT_INLINE void short_attention_rows(const float* q, const float* k, const float
   for (int64_t i = 0; i < count; ++i) {
     float* si = scores + i * keys;
     vec x[V];
-    vec top = loadv(si) + pad[0];
-    for (int b = 0; b < V; ++b) {
+    x[0] = loadv(si);
+    vec top = x[0] + pad[0];
+    for (int b = 1; b < V; ++b) {
       x[b] = loadv(si + W * b);
       const vec masked = x[b] + pad[b];
       top = masked > top ? masked : top;
