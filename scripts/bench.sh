@@ -346,9 +346,14 @@ print("\ntorch.compile time (first calls, s): " + "; ".join(
     f"{case}: " + ", ".join(f"{s:.1f}" for s in times) for case, times in compile_s.items()))
 print(f"load average at start {sys.argv[3]}, at end {sys.argv[4]}: other work on the machine distorts multi-thread "
       "timings badly (OpenMP threads wait for descheduled siblings); rerun on an idle machine if these are not ~0")
-peak = lambda side: statistics.median(r["result"]["peak_gflops"] for r in rows if r["side"] == side)
-print(f"sgemm peak (torch::mm / torch.mm, median of runs): vit {peak('vit'):.1f} GFLOP/s, "
-      f"PyTorch 2 {peak('eager'):.1f} GFLOP/s")
+peak = lambda side, key="peak_gflops": statistics.median(
+    r["result"][key] for r in rows if r["side"] == side and r["result"].get(key) is not None)
+blas = {r["result"].get("torch_blas") for r in rows if r["side"] == "vit"} - {None}
+print(f"sgemm peak (1024^3, median of runs): vit's torch::mm {peak('vit'):.1f} GFLOP/s"
+      + (f" (OpenBLAS's {', '.join(sorted(blas))} kernels)" if blas else "")
+      + (f", its oneDNN sgemm {peak('vit', 'kernel_peak_gflops'):.1f} GFLOP/s"
+         if any(r["result"].get("kernel_peak_gflops") for r in rows if r["side"] == "vit") else "")
+      + f"; PyTorch 2's torch.mm {peak('eager'):.1f} GFLOP/s")
 EOF
 
 if [ $quick = 1 ]; then
