@@ -118,7 +118,7 @@ int run_bench_command(const BenchArgs& args) {
                 figure(r.infer_img_per_s).c_str(), figure(r.infer_gflops, "%.1f").c_str());
   }
   if (r.peak_gflops > 0) {
-    const auto blas = r.torch_blas.empty() ? std::string() : ", OpenBLAS's " + r.torch_blas + " kernels";
+    const auto blas = r.torch_blas.empty() ? std::string() : ", " + r.torch_blas;
     std::printf("matmul peak     %s GFLOP/s torch::mm (%s%s); achieved %s of it\n",
                 figure(r.peak_gflops, "%.1f").c_str(), r.peak_dtype.c_str(), blas.c_str(),
                 figure(100.0 * r.gflops() / r.peak_gflops, "%.1f%%").c_str());

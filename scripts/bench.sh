@@ -350,7 +350,7 @@ peak = lambda side, key="peak_gflops": statistics.median(
     r["result"][key] for r in rows if r["side"] == side and r["result"].get(key) is not None)
 blas = {r["result"].get("torch_blas") for r in rows if r["side"] == "vit"} - {None}
 print(f"sgemm peak (1024^3, median of runs): vit's torch::mm {peak('vit'):.1f} GFLOP/s"
-      + (f" (OpenBLAS's {', '.join(sorted(blas))} kernels)" if blas else "")
+      + (f" ({', '.join(sorted(blas))})" if blas else "")
       + (f", its oneDNN sgemm {peak('vit', 'kernel_peak_gflops'):.1f} GFLOP/s"
          if any(r["result"].get("kernel_peak_gflops") for r in rows if r["side"] == "vit") else "")
       + f"; PyTorch 2's torch.mm {peak('eager'):.1f} GFLOP/s")

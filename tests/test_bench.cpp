@@ -3,6 +3,8 @@
 // Timings are printed, never asserted: they depend on the machine and on what else runs on it.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -69,8 +71,8 @@ TEST(Bench, RunsOnCpuAndReportsEveryField) {
   EXPECT_GT(result.peak_fraction(), 0.0);
   EXPECT_DOUBLE_EQ(result.peak_fraction(),
                    result.gflops() / std::max(result.peak_gflops, result.kernel_peak_gflops));  // the faster product's
-  std::cout << "torch::mm " << result.peak_gflops << " GFLOP/s (OpenBLAS kernels: '" << result.torch_blas
-            << "'), the model's linear " << result.kernel_peak_gflops << " GFLOP/s\n";
+  std::cout << "torch::mm " << result.peak_gflops << " GFLOP/s ('" << result.torch_blas << "'), the model's linear "
+            << result.kernel_peak_gflops << " GFLOP/s\n";
   EXPECT_GT(result.peak_rss_mb, 0.0);
   EXPECT_LT(result.peak_cuda_mb, 0.0);  // not measured on CPU
   // Training FLOPs are 3x the forward's: 6 x MACs per image.
@@ -82,6 +84,9 @@ TEST(Bench, RunsOnCpuAndReportsEveryField) {
     EXPECT_TRUE(json[key].is_number()) << key << " = " << json[key].dump();
   }
   EXPECT_TRUE(json["peak_cuda_mb"].is_null());
+  // PyTorch's wheels run torch::mm through MKL even where OpenBLAS is loaded beside it (OpenCV, Debian's libdnnl).
+  const bool mkl = dlsym(RTLD_DEFAULT, "mkl_blas_sgemm") != nullptr;
+  EXPECT_EQ(result.torch_blas == "MKL", mkl) << result.torch_blas;
   EXPECT_TRUE(json["torch_blas"].is_null() || !json["torch_blas"].get<std::string>().empty());
 }
 

@@ -96,13 +96,15 @@ void check_options(const ModelConfig& model, const BenchOptions& options) {
   }
 }
 
-// OpenBLAS's name for the kernels it chose when it loaded ("Prescott" on a CPU it does not know), or "" where
-// torch::mm runs another BLAS (MKL in PyTorch's wheels).
-std::string openblas_core() {
+// The BLAS behind torch::mm: "MKL" (PyTorch's wheels link it in), else "OpenBLAS <kernels>" (Debian's LibTorch;
+// "Prescott" where OpenBLAS does not know the CPU), else "". OpenBLAS may be loaded beside MKL (Debian's libdnnl and
+// OpenCV pull it in), so MKL is asked first, as find_sgemm (model/cpu_kernels.cpp) does.
+std::string torch_blas() {
+  if (dlsym(RTLD_DEFAULT, "mkl_blas_sgemm") != nullptr) return "MKL";
   using CoreName = char* (*)();
   const auto core_name = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
   const char* name = core_name != nullptr ? core_name() : nullptr;
-  return name != nullptr ? name : "";
+  return name != nullptr ? std::string("OpenBLAS ") + name : "";
 }
 
 }  // namespace
@@ -173,7 +175,7 @@ BenchResult run_bench(VisionTransformer& net, const BenchOptions& options) {
     const auto peak_dtype = amp ? amp_dtype : torch::kFloat32;
     result.peak_dtype = c10::toString(peak_dtype);
     result.peak_gflops = measure_matmul_peak(device, peak_dtype, options.peak_seconds, device.is_cuda() ? 4096 : 1024);
-    if (device.is_cpu()) result.torch_blas = openblas_core();
+    if (device.is_cpu()) result.torch_blas = torch_blas();
     if (device.is_cpu() && cpu_kernels_available()) {
       result.kernel_peak_gflops = measure_matmul_peak(device, peak_dtype, options.peak_seconds, 1024,
                                                       /*through_model_linear=*/true);

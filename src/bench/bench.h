@@ -52,7 +52,7 @@ struct BenchResult {
 
   double peak_gflops = -1.0;     // best torch::mm rate measured in this run (sgemm on CPU; the AMP dtype on CUDA)
   std::string peak_dtype;        // dtype of that matmul
-  std::string torch_blas;        // CPU: OpenBLAS's name for the kernels torch::mm runs (e.g. "SkylakeX"), else ""
+  std::string torch_blas;        // CPU: the BLAS behind torch::mm, "MKL" or "OpenBLAS <its kernels>", else ""
   double kernel_peak_gflops = -1.0;  // CPU: best rate of the same product through the model's own linear layer
                                      // (oneDNN sgemm, model/cpu_kernels.h), when that differs from torch::mm
   double peak_rss_mb = 0.0;      // peak resident memory of the process
