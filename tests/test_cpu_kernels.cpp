@@ -394,6 +394,15 @@ TEST(RowKernels, EveryInstructionSetMatchesAten) {
     worst = std::max({worst, test::max_abs_diff(out, reference.detach()), test::max_abs_diff(dx, grads[0]),
                       test::max_abs_diff(dw, grads[1]), test::max_abs_diff(db, grads[2]),
                       test::max_abs_diff(scores, expected_softmax)});
+    // Rows of 197 keys (ViT/16's at 224), scores far apart, the row's maximum first, inside the vectors and in the
+    // tail: with a wrong maximum the exp overflows and the row turns NaN.
+    auto long_scores = torch::randn({3, 197}) * 30;
+    const int64_t peaks[3] = {0, 37, 196};
+    for (int64_t r = 0; r < 3; ++r) long_scores[r][peaks[r]] = 400.0f;
+    const auto expected_long = long_scores.softmax(-1);
+    k.softmax_rows(long_scores.data_ptr<float>(), 3, 197);
+    EXPECT_TRUE(torch::allclose(long_scores, expected_long, 0.0, 1e-6)) << k.isa;
+    worst = std::max(worst, test::max_abs_diff(long_scores, expected_long));
     std::printf("row kernels, %s: max |diff| against ATen %.3g\n", k.isa, worst);
     EXPECT_LT(worst, 1e-4) << k.isa;
   }
