@@ -98,9 +98,9 @@ void check_options(const ModelConfig& model, const BenchOptions& options) {
 
 // The BLAS behind torch::mm: "MKL" (PyTorch's wheels link it in), else "OpenBLAS <kernels>" (Debian's LibTorch;
 // "Prescott" where OpenBLAS does not know the CPU), else "". OpenBLAS may be loaded beside MKL (Debian's libdnnl and
-// OpenCV pull it in), so MKL is asked first, as find_sgemm (model/cpu_kernels.cpp) does.
+// OpenCV pull it in), so MKL is asked first (mkl_blas_loaded).
 std::string torch_blas() {
-  if (dlsym(RTLD_DEFAULT, "mkl_blas_sgemm") != nullptr) return "MKL";
+  if (mkl_blas_loaded()) return "MKL";
   using CoreName = char* (*)();
   const auto core_name = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
   const char* name = core_name != nullptr ? core_name() : nullptr;

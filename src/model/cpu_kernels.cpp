@@ -37,6 +37,12 @@ int sgemm_through_fortran(char transa, char transb, int64_t M, int64_t N, int64_
   return 0;
 }
 
+}  // namespace
+
+bool mkl_blas_loaded() { return dlsym(RTLD_DEFAULT, "mkl_blas_sgemm") != nullptr; }
+
+namespace {
+
 // PyTorch's wheel hides its oneDNN but exports the sgemm_ of the MKL it links statically, the same kernel its matmul
 // uses: taken first. Debian's libtorch exports oneDNN's dnnl_sgemm (AVX-512 where the CPU has it; its own matmul goes
 // through OpenBLAS, which stops at AVX2). In the wheel's build Debian's libdnnl is loaded too (model/dnnl_matmul.h),
@@ -46,7 +52,7 @@ SgemmFn find_sgemm() {
     const char* choice = std::getenv("VIT_CPU_KERNELS");
     if (choice != nullptr && std::strcmp(choice, "aten") == 0) return nullptr;
     // sgemm_ only where it is MKL's: another BLAS's (OpenBLAS) would be no faster than ATen's own matmul.
-    if (void* fortran = dlsym(RTLD_DEFAULT, "mkl_blas_sgemm") != nullptr ? dlsym(RTLD_DEFAULT, "sgemm_") : nullptr) {
+    if (void* fortran = mkl_blas_loaded() ? dlsym(RTLD_DEFAULT, "sgemm_") : nullptr) {
       fortran_sgemm = reinterpret_cast<FortranSgemmFn>(fortran);
       return &sgemm_through_fortran;
     }

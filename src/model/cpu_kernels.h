@@ -17,6 +17,11 @@ namespace vit {
 // say VIT_CPU_KERNELS=aten (which forces the ATen path, for comparisons).
 bool cpu_kernels_available();
 
+// True when MKL's BLAS is loaded in this process (PyTorch's wheel links it statically): then its sgemm is the one
+// torch::mm runs and the one the fast path takes, even where OpenBLAS is loaded beside it (Debian's libdnnl and
+// OpenCV pull it in).
+bool mkl_blas_loaded();
+
 // Row-major C (M, N) = alpha op(A) op(B) + beta C through the sgemm found above (cpu_kernels_available() must be
 // true); op 'N' or 'T'. Inside a parallel region it runs on the calling thread only.
 void sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
