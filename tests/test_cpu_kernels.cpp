@@ -157,11 +157,11 @@ double relative_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return test::max_abs_diff(a, b) / (scale > 0.0 ? scale : 1.0);
 }
 
-// Three intra-op threads for a test's duration: the fused block's regions then split rows and (image, head) pairs
+// `count` intra-op threads for a scope: with three the fused block's regions split rows and (image, head) pairs
 // unevenly, and per-thread partial sums are reduced (the suite otherwise runs on LibTorch's default count).
-struct ThreeThreads {
-  ThreeThreads() : previous(at::get_num_threads()) { at::set_num_threads(3); }
-  ~ThreeThreads() { at::set_num_threads(previous); }
+struct Threads {
+  explicit Threads(int count) : previous(at::get_num_threads()) { at::set_num_threads(count); }
+  ~Threads() { at::set_num_threads(previous); }
   int previous;
 };
 
@@ -253,21 +253,28 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
          c.embed_dim = 256;
        }},
   };
-  ThreeThreads threads;
-  for (const auto& fused_case : cases) {
-    TrainingCase made = training_case(fused_case);
-    ASSERT_EQ(made.net->blocks[0]->as<Block>()->fused_refusal(), "") << fused_case.name;
-    const auto expected = made.run(false);
-    const auto actual = made.run(true);
-    double worst_grad = 0.0;
-    for (size_t i = 1; i < expected.size(); ++i) worst_grad = std::max(worst_grad, relative_diff(actual[i], expected[i]));
-    const double logits_diff = relative_diff(actual[0], expected[0]);
-    std::printf("fused block, %s: logits %.3g, worst gradient %.3g (relative)\n", fused_case.name, logits_diff,
-                worst_grad);
-    EXPECT_LT(logits_diff, 1e-5) << fused_case.name;
-    for (size_t i = 1; i < expected.size(); ++i) {
-      EXPECT_LT(relative_diff(actual[i], expected[i]), 1e-5)
-          << fused_case.name << ": gradient of " << (i == 1 ? "the input" : "parameter " + std::to_string(i - 2));
+  // Three images on three threads: each thread takes its image through the whole block in one parallel region
+  // (the narrow plans); on two threads, region by region.
+  for (const int count : {3, 2}) {
+    Threads threads(count);
+    for (const auto& fused_case : cases) {
+      TrainingCase made = training_case(fused_case);
+      ASSERT_EQ(made.net->blocks[0]->as<Block>()->fused_refusal(), "") << fused_case.name;
+      const auto expected = made.run(false);
+      const auto actual = made.run(true);
+      double worst_grad = 0.0;
+      for (size_t i = 1; i < expected.size(); ++i) {
+        worst_grad = std::max(worst_grad, relative_diff(actual[i], expected[i]));
+      }
+      const double logits_diff = relative_diff(actual[0], expected[0]);
+      std::printf("fused block, %s, %d threads: logits %.3g, worst gradient %.3g (relative)\n", fused_case.name,
+                  count, logits_diff, worst_grad);
+      EXPECT_LT(logits_diff, 1e-5) << fused_case.name << ", " << count << " threads";
+      for (size_t i = 1; i < expected.size(); ++i) {
+        EXPECT_LT(relative_diff(actual[i], expected[i]), 1e-5)
+            << fused_case.name << ", " << count << " threads: gradient of "
+            << (i == 1 ? "the input" : "parameter " + std::to_string(i - 2));
+      }
     }
   }
 }
@@ -277,7 +284,7 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
 // large enough (width 256) that batch 1 runs each product on all rows at once.
 TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
   SKIP_WITHOUT_KERNELS();
-  ThreeThreads threads;
+  Threads threads(3);
   enum Variant { plain, aimv2, rope_mixed };
   const char* names[] = {"", " (AIMv2's block)", " (RoPE-ViT mixed, a table per head)"};
   for (const auto& [img, width, heads, variant] : {std::tuple<int64_t, int64_t, int64_t, Variant>{40, 48, 3, plain},
@@ -553,7 +560,7 @@ TEST(FusedBlock, Bf16ProductsStayWithinBf16RoundingOfFloat32) {
       {"EVA-02's block: rotary cat, q_bias / v_bias",
        [](ModelConfig& c) { c.model_class = ModelClass::eva, c.use_rot_pos_emb = true, c.swiglu_mlp = true; }},
   };
-  ThreeThreads threads;
+  Threads threads(3);
   for (const auto& fused_case : cases) {
     TrainingCase made = training_case(fused_case);
     const auto expected = made.run(false);

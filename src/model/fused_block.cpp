@@ -1,4 +1,4 @@
-// The fused CPU block (model/fused_block.h): row kernels, the forward's three parallel regions, the backward's three.
+// The fused CPU block (model/fused_block.h): row kernels, the forward's parallel regions (three, or one), the backward's.
 #include "model/fused_block.h"
 
 #include <ATen/Parallel.h>
@@ -195,17 +195,37 @@ struct Step {
   std::function<void(int64_t r0, int64_t r1)> run;
 };
 
+// A narrow plan's steps over rows [r0, r1) on the calling thread, tile by tile.
+void run_range(const Plan& plan, const std::vector<Step>& steps, int64_t r0, int64_t r1) {
+  const int64_t tile = plan.tile > 0 ? plan.tile : r1 - r0;
+  for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+    for (const auto& step : steps) step.run(t0, std::min(r1, t0 + tile));
+  }
+}
+
 void run_steps(int64_t R, const Plan& plan, const std::vector<Step>& steps) {
   if (plan.wide) {
     for (const auto& step : steps) step.whole ? step.run(0, R) : for_rows(R, step.run);
     return;
   }
-  for_rows(R, [&](int64_t r0, int64_t r1) {
-    const int64_t tile = plan.tile > 0 ? plan.tile : r1 - r0;
-    for (int64_t t0 = r0; t0 < r1; t0 += tile) {
-      for (const auto& step : steps) step.run(t0, std::min(r1, t0 + tile));
-    }
-  });
+  for_rows(R, [&](int64_t r0, int64_t r1) { run_range(plan, steps, r0, r1); });
+}
+
+// Whether a pass runs as one parallel region, each thread taking its own images through the row steps before the
+// attention, their attention and the row steps after it, with no barrier between: narrow plans whose images split
+// evenly over the threads. for_rows gives each thread the same rows then, so the arithmetic is the same as three
+// regions'. (An uneven split would leave a thread idle for up to an image's whole block; batch-1 inference needs the
+// attention's query rows split between the threads.)
+bool by_images(const Dims& d, const Plan& plan) {
+  const int64_t threads = at::get_num_threads();
+  return !plan.wide && threads > 1 && d.B % threads == 0;
+}
+
+// body(r0, r1, b0, b1) once per thread, over its images [b0, b1) and their rows [r0, r1).
+template <typename Body>
+void for_images(const Dims& d, const Body& body) {
+  at::parallel_for(0, d.B, /*grain_size=*/1,
+                   [&](int64_t b0, int64_t b1) { body(b0 * d.N, b1 * d.N, b0, b1); });
 }
 
 // An intermediate of `width` floats per row that only steps of the same row range read: a whole (R, width)
@@ -232,37 +252,45 @@ struct Saved {
   torch::Tensor xn1, mean1, rstd1, qkv, probs, att, a, y, mean2, rstd2, xn2, h, g, m, xn1_16, att16, xn2_16, g16;
 };
 
-// The forward's region 2: (image, head) pairs, each split into query-row blocks when there are fewer pairs than
-// twice the threads (batch-1 inference): softmax((scale q) k^T) v into the head's columns of att (R, D). probs
-// (B, nh, N, N) receives the probabilities where defined (training).
-void attention_forward(const Dims& d, const RowKernels& k, float scale, const torch::Tensor& qkv,
-                       const torch::Tensor& probs, const torch::Tensor& att) {
-  const int64_t pairs = d.B * d.heads;
-  const int64_t blocks =
-      probs.defined() ? 1 : std::clamp<int64_t>((2 * at::get_num_threads() + pairs - 1) / pairs, 1, d.N);
+// The forward's region 2 on the calling thread, for items [item0, item1) of `blocks` per (image, head) pair (item i:
+// query-row block i % blocks of pair i / blocks): softmax((scale q) k^T) v into the head's columns of att (R, D). probs (B, nh, N, N) receives the
+// probabilities where defined (training).
+void attention_forward_items(const Dims& d, const RowKernels& k, float scale, const torch::Tensor& qkv,
+                             const torch::Tensor& probs, const torch::Tensor& att, int64_t blocks, int64_t item0,
+                             int64_t item1) {
   const int64_t block_rows = (d.N + blocks - 1) / blocks;
   const float* q_all = qkv.data_ptr<float>();
   float* out = att.data_ptr<float>();
   float* probs_p = probs.defined() ? probs.data_ptr<float>() : nullptr;
   const int64_t row = 3 * d.D;
-  at::parallel_for(0, pairs * blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t pair = i / blocks, first = (i % blocks) * block_rows;
-      if (first >= d.N) continue;
-      const int64_t count = std::min(block_rows, d.N - first);
-      const int64_t b = pair / d.heads, h = pair % d.heads;
-      const float* q = q_all + b * d.N * row + h * d.hd;  // (N, hd), row stride 3D; k at +D, v at +2D
-      float* s = probs_p != nullptr ? probs_p + (pair * d.N + first) * d.N : scratch(0, count * d.N);  // (count, N)
-      float* o = out + (b * d.N + first) * d.D + h * d.hd;
-      if (short_attention_applies(d.N, d.hd)) {
-        k.short_attention(q + first * row, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, count, s, o, d.D,
-                          scratch(1, d.hd * 64));
-        continue;
-      }
-      sgemm('N', 'T', count, d.N, d.hd, scale, q + first * row, row, q + d.D, row, 0.0f, s, d.N);
-      k.softmax_rows(s, count, d.N);
-      sgemm('N', 'N', count, d.hd, d.N, 1.0f, s, d.N, q + 2 * d.D, row, 0.0f, o, d.D);
+  for (int64_t i = item0; i < item1; ++i) {
+    const int64_t pair = i / blocks, first = (i % blocks) * block_rows;
+    if (first >= d.N) continue;
+    const int64_t count = std::min(block_rows, d.N - first);
+    const int64_t b = pair / d.heads, h = pair % d.heads;
+    const float* q = q_all + b * d.N * row + h * d.hd;  // (N, hd), row stride 3D; k at +D, v at +2D
+    float* s = probs_p != nullptr ? probs_p + (pair * d.N + first) * d.N : scratch(0, count * d.N);  // (count, N)
+    float* o = out + (b * d.N + first) * d.D + h * d.hd;
+    if (short_attention_applies(d.N, d.hd)) {
+      k.short_attention(q + first * row, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, count, s, o, d.D,
+                        scratch(1, d.hd * 64));
+      continue;
     }
+    sgemm('N', 'T', count, d.N, d.hd, scale, q + first * row, row, q + d.D, row, 0.0f, s, d.N);
+    k.softmax_rows(s, count, d.N);
+    sgemm('N', 'N', count, d.hd, d.N, 1.0f, s, d.N, q + 2 * d.D, row, 0.0f, o, d.D);
+  }
+}
+
+// The forward's region 2 on all pairs, each split into query-row blocks when there are fewer pairs than twice the
+// threads (batch-1 inference).
+void attention_forward(const Dims& d, const RowKernels& k, float scale, const torch::Tensor& qkv,
+                       const torch::Tensor& probs, const torch::Tensor& att) {
+  const int64_t pairs = d.B * d.heads;
+  const int64_t blocks =
+      probs.defined() ? 1 : std::clamp<int64_t>((2 * at::get_num_threads() + pairs - 1) / pairs, 1, d.N);
+  at::parallel_for(0, pairs * blocks, 1, [&](int64_t begin, int64_t end) {
+    attention_forward_items(d, k, scale, qkv, probs, att, blocks, begin, end);
   });
 }
 
@@ -489,12 +517,10 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
                          for (int64_t r = r0; r < r1; ++r) rotate_row(d, p, shape, r, qkv + r * 3 * d.D, false);
                        }});
   }
-  run_steps(d.R, plan, region1);
 
-  // Region 2: attention.
+  // Region 2: attention, into these.
   s.att = full(d.D);  // (R, D), heads concatenated
   if (training) s.probs = torch::empty({d.B, d.heads, d.N, d.N}, options);
-  attention_forward(d, k, scale, s.qkv, s.probs, s.att);
 
   // Region 3, rows: proj, the residual add fused with norm2, fc1, its activation, fc2, the residual. What training
   // keeps goes to whole tensors; in inference y goes straight into out, the rest into temporaries (the MLP's
@@ -525,9 +551,8 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
     return d.gated ? g_temp.rows(r0, r1) : h_temp.rows(r0, r1);  // a plain MLP's in place over h
   };
   float *mean2 = data_or_null(s.mean2), *rstd2 = data_or_null(s.rstd2);
-  run_steps(
-      d.R, plan,
-      {{true,
+  const std::vector<Step> region3{
+      {true,
         [&](int64_t r0, int64_t r1) {
           products.linear_rows(r0, r1, att + r0 * d.D, p.proj_weight, p.proj_bias, rows_of(s.a, spare, r0, r1), 0,
                                Products::row_of(s.att16, r0));
@@ -563,7 +588,18 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
             k.add_branch_row(y + i * d.D, m + i * d.D, gamma2, keep_at(keep2, r0 + i, d.N), d.D,
                              out_p + (r0 + i) * d.D);
           }
-        }}});
+        }}};
+  if (by_images(d, plan)) {
+    for_images(d, [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+      run_range(plan, region1, r0, r1);
+      attention_forward_items(d, k, scale, s.qkv, s.probs, s.att, 1, b0 * d.heads, b1 * d.heads);
+      run_range(plan, region3, r0, r1);
+    });
+  } else {
+    run_steps(d.R, plan, region1);
+    attention_forward(d, k, scale, s.qkv, s.probs, s.att);
+    run_steps(d.R, plan, region3);
+  }
   if (training) *saved = s;
   return out;
 }
@@ -584,37 +620,34 @@ struct Gradients {
       norm2_bias, fc1_weight, fc1_bias, fc1v_weight, fc1v_bias, fc2_weight, fc2_bias, gamma2;
 };
 
-// The backward's region 2: (image, head) pairs, d(attention output) datt (R, D) -> d(qkv) (R, 3D).
-torch::Tensor attention_backward(const Dims& d, const RowKernels& k, float scale, const Saved& s,
-                                 const torch::Tensor& datt) {
-  auto dqkv = torch::empty({d.R, 3 * d.D}, datt.options());  // (R, 3D)
+// The backward's region 2 on the calling thread, for (image, head) pairs [pair0, pair1): d(attention output) datt
+// (R, D) -> their rows' and heads' columns of d(qkv) dqkv (R, 3D).
+void attention_backward_pairs(const Dims& d, const RowKernels& k, float scale, const Saved& s,
+                              const torch::Tensor& datt, const torch::Tensor& dqkv, int64_t pair0, int64_t pair1) {
   const int64_t row = 3 * d.D;
   const float* q_all = s.qkv.data_ptr<float>();
   const float* probs = s.probs.data_ptr<float>();
   const float* datt_p = datt.data_ptr<float>();
   float* dq_all = dqkv.data_ptr<float>();
-  at::parallel_for(0, d.B * d.heads, 1, [&](int64_t begin, int64_t end) {
-    float* ds = scratch(0, d.N * std::max<int64_t>(d.N, 64));  // (N, N), or (N, 64) for the short kernels
-    for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t b = pair / d.heads, h = pair % d.heads;
-      const float* q = q_all + b * d.N * row + h * d.hd;  // k at +D, v at +2D
-      float* dq = dq_all + b * d.N * row + h * d.hd;
-      const float* prob = probs + pair * d.N * d.N;
-      const float* dhead = datt_p + b * d.N * d.D + h * d.hd;  // (N, hd), row stride D
-      if (short_attention_applies(d.N, d.hd)) {
-        k.short_attention_backward(prob, dhead, d.D, q, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, dq, dq + d.D,
-                                   dq + 2 * d.D, scratch(1, d.hd * 64), ds);
-        continue;
-      }
-      // dv = P^T dout; dP = dout v^T; dS = softmax'; dq = scale dS k; dk = scale dS^T q
-      sgemm('T', 'N', d.N, d.hd, d.N, 1.0f, prob, d.N, dhead, d.D, 0.0f, dq + 2 * d.D, row);
-      sgemm('N', 'T', d.N, d.N, d.hd, 1.0f, dhead, d.D, q + 2 * d.D, row, 0.0f, ds, d.N);
-      k.softmax_backward_rows(prob, ds, d.N, d.N);
-      sgemm('N', 'N', d.N, d.hd, d.N, scale, ds, d.N, q + d.D, row, 0.0f, dq, row);
-      sgemm('T', 'N', d.N, d.hd, d.N, scale, ds, d.N, q, row, 0.0f, dq + d.D, row);
+  float* ds = scratch(0, d.N * std::max<int64_t>(d.N, 64));  // (N, N), or (N, 64) for the short kernels
+  for (int64_t pair = pair0; pair < pair1; ++pair) {
+    const int64_t b = pair / d.heads, h = pair % d.heads;
+    const float* q = q_all + b * d.N * row + h * d.hd;  // k at +D, v at +2D
+    float* dq = dq_all + b * d.N * row + h * d.hd;
+    const float* prob = probs + pair * d.N * d.N;
+    const float* dhead = datt_p + b * d.N * d.D + h * d.hd;  // (N, hd), row stride D
+    if (short_attention_applies(d.N, d.hd)) {
+      k.short_attention_backward(prob, dhead, d.D, q, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, dq, dq + d.D,
+                                 dq + 2 * d.D, scratch(1, d.hd * 64), ds);
+      continue;
     }
-  });
-  return dqkv;
+    // dv = P^T dout; dP = dout v^T; dS = softmax'; dq = scale dS k; dk = scale dS^T q
+    sgemm('T', 'N', d.N, d.hd, d.N, 1.0f, prob, d.N, dhead, d.D, 0.0f, dq + 2 * d.D, row);
+    sgemm('N', 'T', d.N, d.N, d.hd, 1.0f, dhead, d.D, q + 2 * d.D, row, 0.0f, ds, d.N);
+    k.softmax_backward_rows(prob, ds, d.N, d.N);
+    sgemm('N', 'N', d.N, d.hd, d.N, scale, ds, d.N, q + d.D, row, 0.0f, dq, row);
+    sgemm('T', 'N', d.N, d.hd, d.N, scale, ds, d.N, q, row, 0.0f, dq + d.D, row);
+  }
 }
 
 // One norm's backward over one row (norm_row's): dx = base + d(norm input); dw, db accumulate (db: layer norm only).
@@ -662,9 +695,8 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
   auto at = [](const torch::Tensor& kept, int64_t r0) { return Products::row_of(kept, r0); };
   float *dm_p = dm.data_ptr<float>(), *dh_p = dh.data_ptr<float>(), *dg_p = dg.data_ptr<float>(),
         *dy_p = dy.data_ptr<float>(), *da_p = da.data_ptr<float>();
-  run_steps(
-      d.R, plan,
-      {{false,
+  const std::vector<Step> region1{
+      {false,
         [&](int64_t r0, int64_t r1) {
           for (int64_t r = r0; r < r1; ++r) {
             k.branch_backward_row(dout + r * d.D, gamma2 ? s.m.data_ptr<float>() + r * d.D : nullptr, gamma2,
@@ -710,24 +742,11 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
        {true, [&](int64_t r0, int64_t r1) {
           products.backward_rows(r0, r1, da_p + r0 * d.D, p.proj_weight, datt.data_ptr<float>() + r0 * d.D, 0, 0.0f,
                                  at(da16, r0));
-        }}});
+        }}};
 
-  Gradients grads;
-  const uint16_t* dh_rounded = at(dh16, 0);
-  grads.fc2_weight = products.weight_grad(dm_p, s.g, p.fc2_weight, d.D, at(dm16, 0), at(s.g16, 0));
-  grads.fc1_weight = products.weight_grad(dh_p, s.xn2, p.fc1_weight, d.fc1, dh_rounded, at(s.xn2_16, 0));
-  if (d.gated) {
-    grads.fc1v_weight = products.weight_grad(dh_p + d.hidden, s.xn2, p.fc1v_weight, d.fc1,
-                                             dh_rounded == nullptr ? nullptr : dh_rounded + d.hidden, at(s.xn2_16, 0));
-  }
-  grads.proj_weight = products.weight_grad(da_p, s.att, p.proj_weight, d.D, at(da16, 0), at(s.att16, 0));
-  dm.reset(), dh.reset(), dg.reset(), da.reset();
-
-  // Region 2: the attention core's backward.
-  const auto dqkv = attention_backward(d, k, scale, s, datt);
-  datt.reset();
-
-  // Region 3, rows: the rotary embeddings' backward, then qkv and norm1 back to x, plus the residual path.
+  // Region 2, the attention core's backward, writes dqkv; region 3, rows: the rotary embeddings' backward, then qkv
+  // and norm1 back to x, plus the residual path.
+  auto dqkv = full(3 * d.D);
   auto dx = full(d.D);
   const Temporary dxn1(plan, 0, d.R, d.D, options);
   float* dqkv_p = dqkv.data_ptr<float>();
@@ -759,7 +778,30 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
                                          dnorm1_b.mine());
                      }
                    }}});
-  run_steps(d.R, plan, region3);
+  if (by_images(d, plan)) {
+    for_images(d, [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+      run_range(plan, region1, r0, r1);
+      attention_backward_pairs(d, k, scale, s, datt, dqkv, b0 * d.heads, b1 * d.heads);
+      run_range(plan, region3, r0, r1);
+    });
+  } else {
+    run_steps(d.R, plan, region1);
+    at::parallel_for(0, d.B * d.heads, 1, [&](int64_t pair0, int64_t pair1) {
+      attention_backward_pairs(d, k, scale, s, datt, dqkv, pair0, pair1);
+    });
+    run_steps(d.R, plan, region3);
+  }
+
+  // The weight gradients, each a whole-batch product.
+  Gradients grads;
+  const uint16_t* dh_rounded = at(dh16, 0);
+  grads.fc2_weight = products.weight_grad(dm_p, s.g, p.fc2_weight, d.D, at(dm16, 0), at(s.g16, 0));
+  grads.fc1_weight = products.weight_grad(dh_p, s.xn2, p.fc1_weight, d.fc1, dh_rounded, at(s.xn2_16, 0));
+  if (d.gated) {
+    grads.fc1v_weight = products.weight_grad(dh_p + d.hidden, s.xn2, p.fc1v_weight, d.fc1,
+                                             dh_rounded == nullptr ? nullptr : dh_rounded + d.hidden, at(s.xn2_16, 0));
+  }
+  grads.proj_weight = products.weight_grad(da_p, s.att, p.proj_weight, d.D, at(da16, 0), at(s.att16, 0));
   grads.qkv_weight = products.weight_grad(dqkv_p, s.xn1, p.qkv_weight, 3 * d.D, at(dqkv16, 0), at(s.xn1_16, 0));
 
   // A bias the block lacks had its partial sums computed all the same (cheaper than a branch per row).

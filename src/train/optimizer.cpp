@@ -1,5 +1,6 @@
 // Flat-buffer AdamW; the CPU update is one fused pass over parameters, gradients and both moments.
 #include "train/optimizer.h"
+#include "train/adamw_update.h"
 
 #include <ATen/Parallel.h>
 
@@ -114,19 +115,20 @@ void FlatAdamW::step(double lr) {
   const double bias2_sqrt = std::sqrt(bias2);
   if (params_.is_cpu() && params_.scalar_type() == torch::kFloat32) {
     // One pass over four arrays, in the same arithmetic order as torch.optim.AdamW (non-foreach), each segment with
-    // its param group's lr.
+    // its param group's lr, the decayed prefix with weight decay (train/adamw_update.h).
     float* p = params_.data_ptr<float>();
     const float* g = grads_.data_ptr<float>();
     float* m = exp_avg_.data_ptr<float>();
     float* v = exp_avg_sq_.data_ptr<float>();
-    const float b1 = static_cast<float>(beta1_), b2 = static_cast<float>(beta2_);
-    const float eps = static_cast<float>(eps_);
-    const float denom_scale = static_cast<float>(bias2_sqrt);
-    std::vector<float> decay(segments_.size()), step(segments_.size());
+    std::vector<AdamWScalars> scalars(segments_.size());
     for (size_t s = 0; s < segments_.size(); ++s) {
       const double group_lr = lr * segments_[s].lr_scale;
-      decay[s] = static_cast<float>(1.0 - group_lr * weight_decay_);
-      step[s] = static_cast<float>(group_lr / bias1);
+      scalars[s] = {static_cast<float>(beta1_),
+                    static_cast<float>(beta2_),
+                    static_cast<float>(eps_),
+                    static_cast<float>(bias2_sqrt),
+                    static_cast<float>(group_lr / bias1),
+                    static_cast<float>(1.0 - group_lr * weight_decay_)};
     }
     const int64_t decay_end = decay_size_;
     at::parallel_for(0, params_.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
@@ -135,16 +137,11 @@ void FlatAdamW::step(double lr) {
                  segments_.begin();
       for (int64_t i = begin; i < end; ++s) {
         const int64_t stop = std::min(end, segments_[s].end);
-        const float decay_s = decay[s], step_s = step[s];
-        for (; i < stop; ++i) {
-          const float gi = g[i];
-          if (i < decay_end) p[i] *= decay_s;
-          const float mi = m[i] * b1 + (1.0f - b1) * gi;
-          const float vi = v[i] * b2 + (1.0f - b2) * gi * gi;
-          m[i] = mi;
-          v[i] = vi;
-          p[i] -= step_s * (mi / (std::sqrt(vi) / denom_scale + eps));
-        }
+        // [i, stop) within one segment, split where the decayed prefix ends.
+        const int64_t split = std::clamp(decay_end, i, stop);
+        adamw_update(p + i, g + i, m + i, v + i, split - i, scalars[s], true);
+        adamw_update(p + split, g + split, m + split, v + split, stop - split, scalars[s], false);
+        i = stop;
       }
     });
     return;
