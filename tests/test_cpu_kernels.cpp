@@ -267,8 +267,8 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
         worst_grad = std::max(worst_grad, relative_diff(actual[i], expected[i]));
       }
       const double logits_diff = relative_diff(actual[0], expected[0]);
-      std::printf("fused block, %s, %d threads: logits %.3g, worst gradient %.3g (relative)\n", fused_case.name,
-                  count, logits_diff, worst_grad);
+      std::printf("fused block, %s, %d threads: logits %.3g, worst gradient %.3g (relative)\n", fused_case.name, count,
+                  logits_diff, worst_grad);
       EXPECT_LT(logits_diff, 1e-5) << fused_case.name << ", " << count << " threads";
       for (size_t i = 1; i < expected.size(); ++i) {
         EXPECT_LT(relative_diff(actual[i], expected[i]), 1e-5)

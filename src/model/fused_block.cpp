@@ -1,4 +1,5 @@
-// The fused CPU block (model/fused_block.h): row kernels, the forward's parallel regions (three, or one), the backward's.
+// The fused CPU block (model/fused_block.h): row kernels, the forward's parallel regions (three, or one), the
+// backward's.
 #include "model/fused_block.h"
 
 #include <ATen/Parallel.h>
@@ -224,8 +225,7 @@ bool by_images(const Dims& d, const Plan& plan) {
 // body(r0, r1, b0, b1) once per thread, over its images [b0, b1) and their rows [r0, r1).
 template <typename Body>
 void for_images(const Dims& d, const Body& body) {
-  at::parallel_for(0, d.B, /*grain_size=*/1,
-                   [&](int64_t b0, int64_t b1) { body(b0 * d.N, b1 * d.N, b0, b1); });
+  at::parallel_for(0, d.B, /*grain_size=*/1, [&](int64_t b0, int64_t b1) { body(b0 * d.N, b1 * d.N, b0, b1); });
 }
 
 // An intermediate of `width` floats per row that only steps of the same row range read: a whole (R, width)
@@ -253,8 +253,8 @@ struct Saved {
 };
 
 // The forward's region 2 on the calling thread, for items [item0, item1) of `blocks` per (image, head) pair (item i:
-// query-row block i % blocks of pair i / blocks): softmax((scale q) k^T) v into the head's columns of att (R, D). probs (B, nh, N, N) receives the
-// probabilities where defined (training).
+// query-row block i % blocks of pair i / blocks): softmax((scale q) k^T) v into the head's columns of att (R, D). probs
+// (B, nh, N, N) receives the probabilities where defined (training).
 void attention_forward_items(const Dims& d, const RowKernels& k, float scale, const torch::Tensor& qkv,
                              const torch::Tensor& probs, const torch::Tensor& att, int64_t blocks, int64_t item0,
                              int64_t item1) {
@@ -553,42 +553,41 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
   float *mean2 = data_or_null(s.mean2), *rstd2 = data_or_null(s.rstd2);
   const std::vector<Step> region3{
       {true,
-        [&](int64_t r0, int64_t r1) {
-          products.linear_rows(r0, r1, att + r0 * d.D, p.proj_weight, p.proj_bias, rows_of(s.a, spare, r0, r1), 0,
-                               Products::row_of(s.att16, r0));
-        }},
-       {false,
-        [&](int64_t r0, int64_t r1) {
-          const float* a = rows_of(s.a, spare, r0, r1);
-          float *y = y_rows(r0), *xn2 = rows_of(s.xn2, xn2_temp, r0, r1);
-          for (int64_t i = 0; i < r1 - r0; ++i) {
-            const int64_t r = r0 + i;
-            k.add_branch_row(xp + r * d.D, a + i * d.D, gamma1, keep_at(keep1, r, d.N), d.D, y + i * d.D);
-            norm_row(k, shape.norm, y + i * d.D, d.D, eps, p.norm2_weight, p.norm2_bias, xn2 + i * d.D,
-                     training ? mean2 + r : nullptr, training ? rstd2 + r : nullptr);
-          }
-        }},
-       {true,
-        [&](int64_t r0, int64_t r1) {
-          fc1_rows(d, p, products, r0, r1, rows_of(s.xn2, xn2_temp, r0, r1), rows_of(s.h, h_temp, r0, r1),
-                   Products::row_of(s.xn2_16, r0));
-        }},
-       {true,
-        [&](int64_t r0, int64_t r1) {
-          mlp_activation(rows_of(s.h, h_temp, r0, r1), g_rows(r0, r1), r1 - r0, d.hidden, d.gated, shape.act);
-        }},
-       {true,
-        [&](int64_t r0, int64_t r1) {
-          products.linear_rows(r0, r1, g_rows(r0, r1), p.fc2_weight, p.fc2_bias, m_rows(r0, r1), 0,
-                               Products::row_of(s.g16, r0));
-        }},
-       {false, [&](int64_t r0, int64_t r1) {
-          const float *m = m_rows(r0, r1), *y = y_rows(r0);
-          for (int64_t i = 0; i < r1 - r0; ++i) {
-            k.add_branch_row(y + i * d.D, m + i * d.D, gamma2, keep_at(keep2, r0 + i, d.N), d.D,
-                             out_p + (r0 + i) * d.D);
-          }
-        }}};
+       [&](int64_t r0, int64_t r1) {
+         products.linear_rows(r0, r1, att + r0 * d.D, p.proj_weight, p.proj_bias, rows_of(s.a, spare, r0, r1), 0,
+                              Products::row_of(s.att16, r0));
+       }},
+      {false,
+       [&](int64_t r0, int64_t r1) {
+         const float* a = rows_of(s.a, spare, r0, r1);
+         float *y = y_rows(r0), *xn2 = rows_of(s.xn2, xn2_temp, r0, r1);
+         for (int64_t i = 0; i < r1 - r0; ++i) {
+           const int64_t r = r0 + i;
+           k.add_branch_row(xp + r * d.D, a + i * d.D, gamma1, keep_at(keep1, r, d.N), d.D, y + i * d.D);
+           norm_row(k, shape.norm, y + i * d.D, d.D, eps, p.norm2_weight, p.norm2_bias, xn2 + i * d.D,
+                    training ? mean2 + r : nullptr, training ? rstd2 + r : nullptr);
+         }
+       }},
+      {true,
+       [&](int64_t r0, int64_t r1) {
+         fc1_rows(d, p, products, r0, r1, rows_of(s.xn2, xn2_temp, r0, r1), rows_of(s.h, h_temp, r0, r1),
+                  Products::row_of(s.xn2_16, r0));
+       }},
+      {true,
+       [&](int64_t r0, int64_t r1) {
+         mlp_activation(rows_of(s.h, h_temp, r0, r1), g_rows(r0, r1), r1 - r0, d.hidden, d.gated, shape.act);
+       }},
+      {true,
+       [&](int64_t r0, int64_t r1) {
+         products.linear_rows(r0, r1, g_rows(r0, r1), p.fc2_weight, p.fc2_bias, m_rows(r0, r1), 0,
+                              Products::row_of(s.g16, r0));
+       }},
+      {false, [&](int64_t r0, int64_t r1) {
+         const float *m = m_rows(r0, r1), *y = y_rows(r0);
+         for (int64_t i = 0; i < r1 - r0; ++i) {
+           k.add_branch_row(y + i * d.D, m + i * d.D, gamma2, keep_at(keep2, r0 + i, d.N), d.D, out_p + (r0 + i) * d.D);
+         }
+       }}};
   if (by_images(d, plan)) {
     for_images(d, [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
       run_range(plan, region1, r0, r1);
@@ -697,52 +696,52 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
         *dy_p = dy.data_ptr<float>(), *da_p = da.data_ptr<float>();
   const std::vector<Step> region1{
       {false,
-        [&](int64_t r0, int64_t r1) {
-          for (int64_t r = r0; r < r1; ++r) {
-            k.branch_backward_row(dout + r * d.D, gamma2 ? s.m.data_ptr<float>() + r * d.D : nullptr, gamma2,
-                                  keep_at(keep2, r, d.N), d.D, dm_p + r * d.D, gamma2 ? dgamma2.mine() : nullptr,
-                                  dfc2_bias.mine());
-          }
-        }},
-       {true,
-        [&](int64_t r0, int64_t r1) {
-          products.backward_rows(r0, r1, dm_p + r0 * d.D, p.fc2_weight, dg_p + r0 * d.hidden, 0, 0.0f, at(dm16, r0));
-        }},
-       {true,
-        [&](int64_t r0, int64_t r1) {
-          mlp_activation_backward(s.h.data_ptr<float>() + r0 * d.fc1, dg_p + r0 * d.hidden, dh_p + r0 * d.fc1, r1 - r0,
-                                  d.hidden, d.gated, shape.act);
-        }},
-       {false,
-        [&](int64_t r0, int64_t r1) {
-          float* dfc1_b = dfc1_bias.mine();
-          for (int64_t r = r0; r < r1; ++r) k.add_row(dh_p + r * d.fc1, d.fc1, dfc1_b);
-        }},
-       {true,
-        [&](int64_t r0, int64_t r1) {
-          uint16_t* dh_rounded = at(dh16, r0);
-          products.backward_rows(r0, r1, dh_p + r0 * d.fc1, p.fc1_weight, dxn2.rows(r0, r1), d.fc1, 0.0f, dh_rounded);
-          if (d.gated) {
-            products.backward_rows(r0, r1, dh_p + r0 * d.fc1 + d.hidden, p.fc1v_weight, dxn2.rows(r0, r1), d.fc1, 1.0f,
-                                   dh_rounded == nullptr ? nullptr : dh_rounded + d.hidden);
-          }
-        }},
-       {false,
-        [&](int64_t r0, int64_t r1) {
-          const float* dxn = dxn2.rows(r0, r1);
-          for (int64_t i = 0; i < r1 - r0; ++i) {
-            const int64_t r = r0 + i;
-            norm_backward_row(k, shape.norm, dxn + i * d.D, s.y.data_ptr<float>() + r * d.D,
-                              s.mean2.data_ptr<float>()[r], s.rstd2.data_ptr<float>()[r], p.norm2_weight, d.D,
-                              dout + r * d.D, dy_p + r * d.D, dnorm2_w.mine(), dnorm2_b.mine());
-            k.branch_backward_row(dy_p + r * d.D, s.a.data_ptr<float>() + r * d.D, gamma1, keep_at(keep1, r, d.N),
-                                  d.D, da_p + r * d.D, gamma1 ? dgamma1.mine() : nullptr, dproj_bias.mine());
-          }
-        }},
-       {true, [&](int64_t r0, int64_t r1) {
-          products.backward_rows(r0, r1, da_p + r0 * d.D, p.proj_weight, datt.data_ptr<float>() + r0 * d.D, 0, 0.0f,
-                                 at(da16, r0));
-        }}};
+       [&](int64_t r0, int64_t r1) {
+         for (int64_t r = r0; r < r1; ++r) {
+           k.branch_backward_row(dout + r * d.D, gamma2 ? s.m.data_ptr<float>() + r * d.D : nullptr, gamma2,
+                                 keep_at(keep2, r, d.N), d.D, dm_p + r * d.D, gamma2 ? dgamma2.mine() : nullptr,
+                                 dfc2_bias.mine());
+         }
+       }},
+      {true,
+       [&](int64_t r0, int64_t r1) {
+         products.backward_rows(r0, r1, dm_p + r0 * d.D, p.fc2_weight, dg_p + r0 * d.hidden, 0, 0.0f, at(dm16, r0));
+       }},
+      {true,
+       [&](int64_t r0, int64_t r1) {
+         mlp_activation_backward(s.h.data_ptr<float>() + r0 * d.fc1, dg_p + r0 * d.hidden, dh_p + r0 * d.fc1, r1 - r0,
+                                 d.hidden, d.gated, shape.act);
+       }},
+      {false,
+       [&](int64_t r0, int64_t r1) {
+         float* dfc1_b = dfc1_bias.mine();
+         for (int64_t r = r0; r < r1; ++r) k.add_row(dh_p + r * d.fc1, d.fc1, dfc1_b);
+       }},
+      {true,
+       [&](int64_t r0, int64_t r1) {
+         uint16_t* dh_rounded = at(dh16, r0);
+         products.backward_rows(r0, r1, dh_p + r0 * d.fc1, p.fc1_weight, dxn2.rows(r0, r1), d.fc1, 0.0f, dh_rounded);
+         if (d.gated) {
+           products.backward_rows(r0, r1, dh_p + r0 * d.fc1 + d.hidden, p.fc1v_weight, dxn2.rows(r0, r1), d.fc1, 1.0f,
+                                  dh_rounded == nullptr ? nullptr : dh_rounded + d.hidden);
+         }
+       }},
+      {false,
+       [&](int64_t r0, int64_t r1) {
+         const float* dxn = dxn2.rows(r0, r1);
+         for (int64_t i = 0; i < r1 - r0; ++i) {
+           const int64_t r = r0 + i;
+           norm_backward_row(k, shape.norm, dxn + i * d.D, s.y.data_ptr<float>() + r * d.D,
+                             s.mean2.data_ptr<float>()[r], s.rstd2.data_ptr<float>()[r], p.norm2_weight, d.D,
+                             dout + r * d.D, dy_p + r * d.D, dnorm2_w.mine(), dnorm2_b.mine());
+           k.branch_backward_row(dy_p + r * d.D, s.a.data_ptr<float>() + r * d.D, gamma1, keep_at(keep1, r, d.N), d.D,
+                                 da_p + r * d.D, gamma1 ? dgamma1.mine() : nullptr, dproj_bias.mine());
+         }
+       }},
+      {true, [&](int64_t r0, int64_t r1) {
+         products.backward_rows(r0, r1, da_p + r0 * d.D, p.proj_weight, datt.data_ptr<float>() + r0 * d.D, 0, 0.0f,
+                                at(da16, r0));
+       }}};
 
   // Region 2, the attention core's backward, writes dqkv; region 3, rows: the rotary embeddings' backward, then qkv
   // and norm1 back to x, plus the residual path.
