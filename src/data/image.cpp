@@ -122,34 +122,44 @@ inline uint8_t clip8(int32_t v) {
   return static_cast<uint8_t>(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
-// The passes accumulate in 32 bits as PIL does (22-bit weights times 8-bit pixels fit). Built for AVX2 too, picked at
-// run time: the vertical pass runs along whole rows with one weight per input row, which vectorises.
+// The passes accumulate in 32 bits as PIL does (22-bit weights times 8-bit pixels fit). Both are built for AVX2 too,
+// picked at run time. The vertical pass runs along whole rows with one weight per input row, which vectorises.
 
-// Horizontal pass: rows [0, rows) of `in` (in_width x C bytes each) to out_width x C.
+// Horizontal pass. Along a row every output pixel has its own taps, which does not vectorise; across rows it does:
+// the rows go through in blocks of kRowBlock, copied into a buffer that holds each input pixel's channel values for
+// the block's rows side by side (widened to 32 bits, which the taps' products need), and each tap then adds one vector,
+// a lane per row. The sums are integers, so their order cannot change a byte.
+constexpr int64_t kRowBlock = 8;
+typedef int32_t RowSums __attribute__((vector_size(kRowBlock * sizeof(int32_t))));
+
+// Rows [0, rows) of `in` (in_width x C bytes each) to out_width x C.
 __attribute__((target_clones("avx2", "default")))
 void resize_rows(const uint8_t* in, int64_t in_width, uint8_t* out, int64_t out_width, int64_t rows, int64_t C,
                  const Taps& taps) {
-  for (int64_t y = 0; y < rows; ++y) {
-    const uint8_t* row = in + y * in_width * C;
-    uint8_t* dst = out + y * out_width * C;
+  const int64_t R = kRowBlock, row_bytes = in_width * C;
+  std::vector<int32_t> block(row_bytes * R);  // value i of the block's row r at [i * R + r]
+  for (int64_t y0 = 0; y0 < rows; y0 += R) {
+    const int64_t n = std::min(R, rows - y0);  // the last block's other lanes hold stale rows and are not written
+    const uint8_t* first_row = in + y0 * row_bytes;
+    for (int64_t i = 0; i < row_bytes; ++i) {
+      for (int64_t r = 0; r < n; ++r) block[i * R + r] = first_row[r * row_bytes + i];
+    }
     for (int64_t xx = 0; xx < out_width; ++xx) {
       const int32_t* k = taps.weights.data() + xx * taps.ksize;
-      const uint8_t* src = row + taps.first[xx] * C;
       const int64_t count = taps.count[xx];
-      if (C == 3) {
-        int32_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
-        for (int64_t x = 0; x < count; ++x) {
-          s0 += src[3 * x] * k[x];
-          s1 += src[3 * x + 1] * k[x];
-          s2 += src[3 * x + 2] * k[x];
-        }
-        dst[3 * xx] = clip8(s0), dst[3 * xx + 1] = clip8(s1), dst[3 * xx + 2] = clip8(s2);
-        continue;
-      }
       for (int64_t c = 0; c < C; ++c) {
-        int32_t ss = 1 << (kPrecisionBits - 1);
-        for (int64_t x = 0; x < count; ++x) ss += src[x * C + c] * k[x];
-        dst[xx * C + c] = clip8(ss);
+        const int32_t* src = block.data() + (taps.first[xx] * C + c) * R;
+        RowSums sums = RowSums{} + (1 << (kPrecisionBits - 1));
+        for (int64_t x = 0; x < count; ++x) {
+          RowSums values;
+          std::memcpy(&values, src + x * C * R, sizeof values);
+          sums += values * k[x];
+        }
+        RowSums v = sums >> kPrecisionBits;  // clip8 on whole vectors
+        v = v < 0 ? 0 : v;
+        v = v > 255 ? 255 : v;
+        uint8_t* dst = out + (y0 * out_width + xx) * C + c;
+        for (int64_t r = 0; r < n; ++r) dst[r * out_width * C] = static_cast<uint8_t>(v[r]);
       }
     }
   }
