@@ -2,6 +2,8 @@
 // forward values and every gradient.
 #include <gtest/gtest.h>
 
+#include <c10/core/InferenceMode.h>
+
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -15,6 +17,7 @@
 #include "model/row_kernels.h"
 #include "model/vit.h"
 #include "test_util.h"
+#include "train/optimizer.h"
 #include "train/trainer.h"
 #include "vit/build_config.h"
 #if VIT_WITH_DNNL
@@ -281,7 +284,9 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
 
 // Inference takes the fused path too, also at batch 1 where each head's query rows are split over the threads: with
 // attention through sgemm (101 tokens), through the short-sequence kernels (50 tokens, head dim 32), and with weights
-// large enough (width 256) that batch 1 runs each product on all rows at once.
+// large enough (width 256) that batch 1 runs each product on all rows at once. Its products run on the packed weights
+// where this CPU has oneDNN's kernels for them (PackedProducts), and through sgemm where a block has none: both are
+// checked, and a weight changed in place is packed again.
 TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
   SKIP_WITHOUT_KERNELS();
   Threads threads(3);
@@ -307,17 +312,77 @@ TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
     test::perturb_weights(net, 4);
     net->eval();
     torch::NoGradGuard no_grad;
-    for (const int64_t batch : {1, 8}) {
+    auto first_block = net->blocks[0]->as<Block>();
+    const auto packed = first_block->packed_products;
+    auto check = [&](int64_t batch, const char* what) {
       const auto images = torch::randn({batch, 3, img, img});
+      c10::InferenceMode inference;  // where the packed weights are used
       net->set_fused_blocks(false);
       const auto expected = net->forward(images);
       net->set_fused_blocks(true);
       const auto actual = net->forward(images);
-      std::printf("fused block inference, %lldx%lld, width %lld%s, batch %lld: logits %.3g (relative)\n",
-                  static_cast<long long>(img), static_cast<long long>(img), static_cast<long long>(width),
-                  names[variant], static_cast<long long>(batch), relative_diff(actual, expected));
-      EXPECT_LT(relative_diff(actual, expected), 1e-5) << img << "x" << img << " batch " << batch;
+      first_block->packed_products = nullptr;  // this block's products through sgemm
+      const auto unpacked = net->forward(images);
+      first_block->packed_products = packed;
+      std::printf(
+          "fused block inference, %lldx%lld, width %lld%s, batch %lld%s: logits %.3g, with the first block's "
+          "products through sgemm %.3g (relative)\n",
+          static_cast<long long>(img), static_cast<long long>(img), static_cast<long long>(width), names[variant],
+          static_cast<long long>(batch), what, relative_diff(actual, expected), relative_diff(unpacked, expected));
+      EXPECT_LT(relative_diff(actual, expected), 1e-5) << img << "x" << img << " batch " << batch << what;
+      EXPECT_LT(relative_diff(unpacked, expected), 1e-5) << img << "x" << img << " batch " << batch << what;
+    };
+    for (const int64_t batch : {1, 8}) check(batch, "");
+    if (!PackedProducts::available()) continue;
+    // qkv, proj, fc1, fc2: packed once, whatever the batch. A gated MLP's fc1 products write strided rows and stay on
+    // sgemm.
+    const int64_t packs = variant == aimv2 ? 3 : 4;
+    EXPECT_EQ(packed->packs(), packs);
+    first_block->attn->qkv->weight.mul_(1.5);
+    first_block->mlp->fc2->weight.add_(0.01);
+    check(8, ", after qkv and fc2 changed in place");
+    EXPECT_EQ(packed->packs(), packs + 2);
+  }
+}
+
+// Training writes the weights through FlatAdamW's flat buffer, which the parameters alias: inference after a step
+// must see the new weights, not the packed copy of the old ones. And a forward outside InferenceMode (the trainer's
+// evaluation) packs nothing.
+TEST(FusedBlock, PackedWeightsFollowTheOptimizer) {
+  SKIP_WITHOUT_KERNELS();
+  if (!PackedProducts::available()) GTEST_SKIP() << "no packed float32 products on this CPU";
+  Threads threads(2);
+  ModelConfig config = test::tiny_vit(/*img=*/28, /*patch=*/4, /*in_chans=*/3, /*num_classes=*/5, /*embed_dim=*/64,
+                                      /*depth=*/2, /*num_heads=*/2, /*mlp_ratio=*/4.0);
+  torch::manual_seed(0);
+  VisionTransformer net(config);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& p : net->named_parameters()) named.emplace_back(p.key(), p.value());
+  FlatAdamW optimizer(named, TrainConfig{});
+  const auto images = torch::randn({4, 3, 28, 28});
+  const auto packed = net->blocks[0]->as<Block>()->packed_products;
+  for (int step = 0; step < 3; ++step) {
+    net->eval();
+    torch::Tensor expected, actual;
+    {
+      c10::InferenceMode inference;
+      net->set_fused_blocks(false);
+      expected = net->forward(images);
+      net->set_fused_blocks(true);
+      actual = net->forward(images);
     }
+    {
+      torch::NoGradGuard no_grad;
+      net->forward(images);  // as the trainer evaluates
+    }
+    std::printf("packed products after %d optimizer steps: logits %.3g (relative), %lld packs\n", step,
+                relative_diff(actual, expected), static_cast<long long>(packed->packs()));
+    EXPECT_LT(relative_diff(actual, expected), 1e-5) << "after " << step << " steps";
+    EXPECT_EQ(packed->packs(), 4 * (step + 1)) << "qkv, proj, fc1, fc2 packed again after each step, and only then";
+    net->train();
+    optimizer.zero_grad();
+    net->forward(images).square().mean().backward();
+    optimizer.step(0.05);
   }
 }
 

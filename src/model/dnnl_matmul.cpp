@@ -24,13 +24,28 @@ dnnl::engine& cpu_engine() {
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
+// The brgemm kernels (AMX, AVX512_BF16, AVX-512) where oneDNN has one for the shape, even where it would rank its
+// gemm-based one first (small shapes): in a process that also holds PyTorch's wheel, whose LibTorch exports its own
+// oneDNN's weak gemm_info_t symbols, the gemm-based kernels of Debian's oneDNN bind to those and fail to run. The first
+// choice where there is none.
+void prefer_brgemm(dnnl::matmul::primitive_desc& pd) {
+  const dnnl::matmul::primitive_desc first = pd;
+  while (std::string(pd.impl_info_str()).rfind("brg", 0) != 0) {
+    if (!pd.next_impl()) {
+      pd = first;
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 struct DnnlMatmul::State {
   MatmulType type;
   int64_t N, K;
-  std::vector<char> weight;  // (N, K) row-major: the (K, N) matrix oneDNN reads in layout "ba"
-  std::vector<float> column_scales;  // int8: (N)
+  std::vector<char> weight;  // (N, K) row-major: the (K, N) matrix oneDNN reads in layout "ba" (int8, bf16)
+  const void* weight_in_place = nullptr;  // f32's
+  std::vector<float> column_scales;       // int8: (N)
 
   struct Entry {
     dnnl::matmul matmul;
@@ -38,15 +53,17 @@ struct DnnlMatmul::State {
     dnnl::memory weights;  // the weight in the layout this primitive reads
   };
   mutable std::mutex mutex;
-  mutable std::map<std::pair<int64_t, bool>, Entry> primitives;  // by (M, with bias)
+  using Key = std::tuple<int64_t, bool, bool>;  // M, with bias, inside a parallel region
+  mutable std::map<Key, Entry> primitives;
   mutable std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed;  // the weight in each layout wanted
 
-  dt input_type() const { return type == MatmulType::int8 ? dt::s8 : dt::bf16; }
+  dt input_type() const { return type == MatmulType::int8 ? dt::s8 : type == MatmulType::bf16 ? dt::bf16 : dt::f32; }
+  const void* weight_data() const { return type == MatmulType::f32 ? weight_in_place : weight.data(); }
 
   // The primitive for M rows (made on first use); a copy of its handles, so callers need no lock.
-  Entry entry(int64_t M, bool with_bias) const {
+  Entry entry(int64_t M, bool with_bias, bool in_parallel_region) const {
     std::lock_guard<std::mutex> lock(mutex);
-    const auto key = std::make_pair(M, with_bias);
+    const Key key{M, with_bias, in_parallel_region};
     auto found = primitives.find(key);
     if (found != primitives.end()) return found->second;
     const dnnl::memory::desc src({M, K}, input_type(), tag::ab);
@@ -58,12 +75,13 @@ struct DnnlMatmul::State {
     const auto desc = with_bias
                           ? dnnl::matmul::desc(src, weights, dnnl::memory::desc({1, N}, dt::f32, tag::ab), dst)
                           : dnnl::matmul::desc(src, weights, dst);
-    const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+    dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+    if (type == MatmulType::f32) prefer_brgemm(pd);
     const auto wanted = pd.weights_desc();
     size_t index = 0;
     while (index < packed.size() && packed[index].first != wanted) ++index;
     if (index == packed.size()) {
-      dnnl::memory plain({{K, N}, input_type(), tag::ba}, cpu_engine(), const_cast<char*>(weight.data()));
+      dnnl::memory plain({{K, N}, input_type(), tag::ba}, cpu_engine(), const_cast<void*>(weight_data()));
       dnnl::memory reordered(wanted, cpu_engine());
       dnnl::stream stream(cpu_engine());
       dnnl::reorder(plain, reordered).execute(stream, plain, reordered);
@@ -79,6 +97,10 @@ DnnlMatmul::DnnlMatmul(MatmulType type, int64_t N, int64_t K, const void* weight
     : state_(std::make_unique<State>()) {
   auto& s = *state_;
   s.type = type, s.N = N, s.K = K;
+  if (type == MatmulType::f32) {
+    s.weight_in_place = weight;
+    return;
+  }
   if (type == MatmulType::int8) s.column_scales.assign(column_scales, column_scales + N);
   const size_t bytes = static_cast<size_t>(N * K) * (type == MatmulType::int8 ? 1 : 2);
   s.weight.resize(bytes);
@@ -87,11 +109,12 @@ DnnlMatmul::DnnlMatmul(MatmulType type, int64_t N, int64_t K, const void* weight
 
 DnnlMatmul::~DnnlMatmul() = default;
 
-void DnnlMatmul::run(int64_t M, const void* a, void* c, const float* bias) const {
+void DnnlMatmul::run(int64_t M, const void* a, void* c, const float* bias, bool in_parallel_region) const {
   const auto& s = *state_;
-  const bool with_bias = bias != nullptr && s.type == MatmulType::bf16;
-  const auto entry = s.entry(M, with_bias);
-  std::vector<char> scratch(entry.scratchpad.get_size());
+  const bool with_bias = bias != nullptr && s.type != MatmulType::int8;
+  const auto entry = s.entry(M, with_bias, in_parallel_region);
+  thread_local std::vector<char> scratch;
+  if (scratch.size() < entry.scratchpad.get_size()) scratch.resize(entry.scratchpad.get_size());
   auto& engine = cpu_engine();
   dnnl::stream stream(engine);
   std::unordered_map<int, dnnl::memory> args{
@@ -104,6 +127,18 @@ void DnnlMatmul::run(int64_t M, const void* a, void* c, const float* bias) const
   }
   entry.matmul.execute(stream, args);
   stream.wait();
+}
+
+bool DnnlMatmul::f32_packing_available() {
+  static const bool available = [] {
+    constexpr int64_t n = 64;
+    const dnnl::memory::desc src({n, n}, dt::f32, tag::ab), weights({n, n}, dt::f32, tag::any);
+    const dnnl::memory::desc bias({1, n}, dt::f32, tag::ab), dst({n, n}, dt::f32, tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, weights, bias, dst), cpu_engine());
+    prefer_brgemm(pd);
+    return std::string(pd.impl_info_str()).rfind("brg", 0) == 0;
+  }();
+  return available;
 }
 
 namespace {
@@ -134,16 +169,7 @@ Gemm make_gemm(const GemmKey& key) {
     attr.set_post_ops(sum);
   }
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, bias, c), attr, cpu_engine());
-  // The brgemm kernels (AMX, AVX512_BF16) where oneDNN has one for the shape, even where it would rank its gemm-based
-  // one first (small shapes): in a process that also holds PyTorch's wheel, whose LibTorch exports its own oneDNN's
-  // weak gemm_info_t symbols, the gemm-based bf16 kernels of Debian's oneDNN bind to those and fail to run.
-  const dnnl::matmul::primitive_desc first = pd;
-  while (std::string(pd.impl_info_str()).rfind("brg", 0) != 0) {
-    if (!pd.next_impl()) {
-      pd = first;
-      break;
-    }
-  }
+  prefer_brgemm(pd);
   return {dnnl::matmul(pd), a, b, c, bias, pd.scratchpad_desc(), pd.impl_info_str()};
 }
 

@@ -1,5 +1,5 @@
-// oneDNN's matmul behind a small torch-free interface (model/precision.cpp's int8 and bf16 layers, and the fused
-// block's bf16 products in training, model/fused_block.cpp). A unit of its own
+// oneDNN's matmul behind a small torch-free interface (model/precision.cpp's int8 and bf16 layers, the fused block's
+// bf16 products in training and its packed float32 products in inference, model/fused_block.cpp). A unit of its own
 // in a library of its own: PyTorch's wheel ships oneDNN 3 headers among LibTorch's, while the library linked is
 // Debian's oneDNN 2, so nothing that sees LibTorch's include folders may include dnnl.hpp.
 //
@@ -14,12 +14,14 @@ namespace vit {
 enum class MatmulType {
   int8,  // A and W int8; C float32 = the int32 products times a scale per column
   bf16,  // A and W bfloat16 (its 16 bits as uint16_t), C float32 (+ a float32 bias)
+  f32,   // A, W and C float32 (+ a float32 bias); W read where it is, not copied: it must outlive the matmul
 };
 
 // C (M, N) = A (M, K) W^T (x column_scales, + bias) for a weight W (N, K), row-major, fixed at construction (copied,
-// with the int8 column scales). oneDNN chooses
-// the kernel for this CPU (AMX, AVX-512 VNNI / BF16, ...); the weight is reordered into the layout that kernel reads
-// once, and one primitive is kept per M. run() may be called from several threads.
+// with the int8 column scales, except float32's). oneDNN chooses the kernel for this CPU (AMX, AVX-512 VNNI / BF16,
+// ...; for float32 its brgemm kernels, where it has them: f32_packing_available()); the weight is reordered into the
+// layout that kernel reads once, and one primitive is kept per (M, bias or not, inside a parallel region or not).
+// run() may be called from several threads.
 class DnnlMatmul {
  public:
   // column_scales: (N) float32 for int8, null for bf16.
@@ -28,9 +30,14 @@ class DnnlMatmul {
   DnnlMatmul(const DnnlMatmul&) = delete;
   DnnlMatmul& operator=(const DnnlMatmul&) = delete;
 
-  // a: (M, K) int8 or bf16; c: (M, N) float32; bias: (N) float32 or null (bf16 only: int8's bias is added after the
-  // caller's row scales).
-  void run(int64_t M, const void* a, void* c, const float* bias) const;
+  // a: (M, K) int8, bf16 or float32; c: (M, N) float32; bias: (N) float32 or null (bf16 and f32 only: int8's bias is
+  // added after the caller's row scales). in_parallel_region: called inside an OpenMP parallel region, where the
+  // primitive runs on the calling thread alone (oneDNN fixes a primitive's split over threads when it is made).
+  void run(int64_t M, const void* a, void* c, const float* bias, bool in_parallel_region = false) const;
+
+  // Whether oneDNN has a brgemm kernel for float32 matmul on this CPU (AVX-512): packed float32 weights pay off only
+  // there, and only its brgemm kernels are safe beside PyTorch's wheel (gemm_bf16's comment says why).
+  static bool f32_packing_available();
 
  private:
   struct State;

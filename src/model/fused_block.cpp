@@ -3,6 +3,7 @@
 #include "model/fused_block.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <array>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -174,9 +176,15 @@ constexpr int64_t kTileRows = 64;
 constexpr int64_t kSmallWeightBytes = 1 << 20;
 constexpr int64_t kReuseRows = 256;  // rows per thread from which a thread's own copy of the weights pays off
 
+// Float32 inference's products run on packed weights (PackedProducts) in a wide plan, and in a narrow one up to this
+// much weight per block. Measured (2 threads, oneDNN's brgemm against its sgemm, bias included): ViT-B/16's products
+// on one thread and 788 rows, as a narrow plan runs them, 0.90-1.04x; ViT-Ti/16's (1.8 MB a block) 1.07-1.13x.
+constexpr int64_t kPackedNarrowBytes = 4 << 20;
+
 struct Plan {
   bool wide = false;
-  int64_t tile = 0;  // narrow: rows per tile (0: the thread's whole range)
+  int64_t tile = 0;     // narrow: rows per tile (0: the thread's whole range)
+  bool packed = false;  // float32 inference's products on packed weights, where a block keeps them
 };
 
 Plan plan_for(const Dims& d, bool training) {
@@ -186,6 +194,7 @@ Plan plan_for(const Dims& d, bool training) {
   Plan plan;
   plan.wide = threads > 1 && !small && (d.R + threads - 1) / threads < kReuseRows;
   plan.tile = !plan.wide && !training && small ? kTileRows : 0;
+  plan.packed = !training && (plan.wide || weight_bytes <= kPackedNarrowBytes);
   return plan;
 }
 
@@ -314,17 +323,98 @@ uint16_t* scratch_bf16(int64_t count) {
   return buffer.data();
 }
 
-// How a pass runs its linear layers' products: float32 sgemm, or, with BlockShape::bf16, in bfloat16 through
-// gemm_bf16 (model/dnnl_matmul.h): each weight rounded once per pass, each input as a product reads it, float32
-// accumulation and output. Everything else in the block stays float32. A training pass keeps the rounded inputs
-// (forward) and output gradients (backward) in whole-batch buffers (kept(), then the `*16` arguments), so that the
-// weight gradients' products read them without rounding them again.
+}  // namespace
+
+struct PackedProducts::State {
+  struct Entry {
+    torch::Tensor weight;  // held, so that no other tensor gets its data's address while the entry lives
+    int64_t version = 0;
+#if VIT_WITH_DNNL
+    std::unique_ptr<DnnlMatmul> matmul;
+#endif
+  };
+  std::mutex mutex;
+  std::vector<Entry> entries;  // one per weight data seen
+  int64_t packs = 0;
+
+#if VIT_WITH_DNNL
+  // The packed matmul of weight (N, K) contiguous float32, packed again if its version moved; null for a weight
+  // without a version counter (an inference tensor: a change could not be seen).
+  const DnnlMatmul* matmul(const torch::Tensor& weight) {
+    if (weight.is_inference()) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex);
+    const int64_t version = weight._version();
+    auto found = std::find_if(entries.begin(), entries.end(), [&](const Entry& e) {
+      return e.weight.data_ptr() == weight.data_ptr() && e.weight.sizes() == weight.sizes();
+    });
+    if (found != entries.end() && found->version == version) return found->matmul.get();
+    if (found == entries.end()) {
+      // Forget the weights no one else holds any more (a model's tensors replaced, not changed in place): no other
+      // handle on the tensor, no other tensor (a view's base) on its data.
+      entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                   [](const Entry& e) {
+                                     return e.weight.use_count() == 1 && e.weight.storage().use_count() == 1;
+                                   }),
+                    entries.end());
+      found = entries.insert(entries.end(), Entry{});
+    }
+    found->weight = weight, found->version = version;
+    found->matmul = std::make_unique<DnnlMatmul>(MatmulType::f32, weight.size(0), weight.size(1), weight.data_ptr());
+    ++packs;
+    return found->matmul.get();
+  }
+#endif
+};
+
+PackedProducts::PackedProducts() : state_(std::make_unique<State>()) {}
+PackedProducts::~PackedProducts() = default;
+
+bool PackedProducts::available() {
+#if VIT_WITH_DNNL
+  static const bool available = [] {
+    const char* value = std::getenv("VIT_PACKED_PRODUCTS");
+    return (value == nullptr || std::string(value) != "0") && DnnlMatmul::f32_packing_available();
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+int64_t PackedProducts::packs() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->packs;
+}
+
+namespace {
+
+// How a pass runs its linear layers' products: float32 sgemm; in inference, where BlockParameters::packed is set and
+// PackedProducts::available(), oneDNN's float32 matmul on the packed weights; or, with BlockShape::bf16, in bfloat16
+// through gemm_bf16 (model/dnnl_matmul.h): each weight rounded once per pass, each input as a product reads it,
+// float32 accumulation and output. Everything else in the block stays float32. A training pass keeps the rounded
+// inputs (forward) and output gradients (backward) in whole-batch buffers (kept(), then the `*16` arguments), so that
+// the weight gradients' products read them without rounding them again.
 class Products {
  public:
-  Products(const BlockParameters& p, bool bf16) {
-    if (!bf16) return;
+  // packed: where a float32 pass may use the block's packed weights (Plan::packed).
+  Products(const BlockParameters& p, bool bf16, bool packed) {
+    const std::array<const torch::Tensor*, 5> weights{&p.qkv_weight, &p.proj_weight, &p.fc1_weight, &p.fc1v_weight,
+                                                      &p.fc2_weight};
+    if (!bf16) {
 #if VIT_WITH_DNNL
-    for (const auto* weight : {&p.qkv_weight, &p.proj_weight, &p.fc1_weight, &p.fc1v_weight, &p.fc2_weight}) {
+      if (!packed || p.packed == nullptr || !c10::InferenceMode::is_enabled() || !PackedProducts::available()) return;
+      const bool gated = p.fc1v_weight.numel() > 0;  // its fc1 products write strided rows: linear_rows
+      for (const auto* weight : weights) {
+        if (weight->numel() == 0 || (gated && (weight == &p.fc1_weight || weight == &p.fc1v_weight))) continue;
+        if (const DnnlMatmul* matmul = p.packed->state().matmul(*weight)) {
+          packed_.emplace_back(weight->data_ptr<float>(), matmul);
+        }
+      }
+#endif
+      return;
+    }
+#if VIT_WITH_DNNL
+    for (const auto* weight : weights) {
       if (weight->numel() > 0) rounded_.emplace_back(weight->data_ptr<float>(), weight->detach().to(torch::kBFloat16));
     }
 #else
@@ -351,6 +441,16 @@ class Products {
                    float* out, int64_t ld = 0, uint16_t* in16 = nullptr) const {
     const int64_t out_features = weight.size(0), in_features = weight.size(1), rows = r1 - r0;
     if (ld == 0) ld = out_features;
+#if VIT_WITH_DNNL
+    for (const auto& [data, matmul] : packed_) {
+      // Dense output rows only (DnnlMatmul's): a gated MLP's two fc1 products, whose rows are strided, are not packed.
+      if (data == weight.data_ptr<float>()) {
+        TORCH_CHECK(ld == out_features, "fused block: a packed product with strided output rows");
+        matmul->run(rows, in, out, data_or_null(bias), at::in_parallel_region());
+        return;
+      }
+    }
+#endif
     if (rounded_.empty()) {
       const float beta = bias_rows(data_or_null(bias), rows, out_features, out, ld);
       sgemm('N', 'T', rows, out_features, in_features, 1.0f, in, in_features, weight.data_ptr<float>(), in_features,
@@ -418,6 +518,9 @@ class Products {
   }
 
   std::vector<std::pair<const float*, torch::Tensor>> rounded_;  // (float32 data, its bfloat16 copy)
+#if VIT_WITH_DNNL
+  std::vector<std::pair<const float*, const DnnlMatmul*>> packed_;  // (float32 data, its packed matmul)
+#endif
 };
 
 // fc1 on rows [r0, r1): its output (.., d.fc1), gated: the gates' products then the values'.
@@ -489,7 +592,7 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
   const float* gamma2 = data_or_null(p.gamma2);
   const float* xp = x.data_ptr<float>();
   auto full = [&](int64_t width) { return torch::empty({d.R, width}, options); };
-  const Products products(p, shape.bf16);
+  const Products products(p, shape.bf16, plan.packed);
   Saved s;
 
   // Region 1, rows: norm1, then qkv, then the rotary embeddings on its queries and keys (kept rotated: what the
@@ -673,7 +776,7 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
   const float* gamma2 = data_or_null(p.gamma2);
   const float* dout = grad_out.data_ptr<float>();
   auto full = [&](int64_t width) { return torch::empty({d.R, width}, options); };
-  const Products products(p, shape.bf16);
+  const Products products(p, shape.bf16, /*packed=*/false);
 
   Partials dgamma1(d.D, options), dgamma2(d.D, options), dproj_bias(d.D, options), dfc1_bias(d.fc1, options),
       dfc2_bias(d.D, options), dnorm2_w(d.D, options), dnorm2_b(d.D, options), dnorm1_w(d.D, options),
@@ -843,7 +946,7 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
     // clang-format off
     const BlockParameters p{norm1_weight, norm1_bias,  qkv_weight,  qkv_bias,   proj_weight, proj_bias,
                             gamma1,       norm2_weight, norm2_bias, fc1_weight, fc1_bias,    fc1v_weight,
-                            fc1v_bias,    fc2_weight,   fc2_bias,   gamma2,     rope};
+                            fc1v_bias,    fc2_weight,   fc2_bias,   gamma2,     rope,       nullptr};
     // clang-format on
     const BlockShape shape{heads,  scale,       eps, static_cast<Activation>(act), static_cast<NormLayer>(norm),
                            prefix, rotate_half, bf16};
@@ -872,8 +975,8 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto v = ctx->get_saved_variables();
     const auto& x = v[0];
-    BlockParameters p{v[1],  v[2],  v[3],  v[4],  v[5],  v[6],  v[7],  v[8], v[9],
-                      v[10], v[11], v[12], v[13], v[14], v[15], v[16], v[17]};
+    BlockParameters p{v[1],  v[2],  v[3],  v[4],  v[5],  v[6],  v[7],  v[8],  v[9],
+                      v[10], v[11], v[12], v[13], v[14], v[15], v[16], v[17], nullptr};
     // Saved variables lose requires_grad; weight_grad asks it, so hand over what autograd needs instead.
     auto needs = [&](int index, torch::Tensor& t) { t = t.detach().requires_grad_(ctx->needs_input_grad(index)); };
     needs(3, p.qkv_weight), needs(5, p.proj_weight), needs(10, p.fc1_weight), needs(12, p.fc1v_weight),
@@ -964,7 +1067,7 @@ torch::Tensor fused_block(const torch::Tensor& x, const BlockParameters& paramet
                           contiguous(parameters.fc1_bias),     contiguous(parameters.fc1v_weight),
                           contiguous(parameters.fc1v_bias),    contiguous(parameters.fc2_weight),
                           contiguous(parameters.fc2_bias),     contiguous(parameters.gamma2),
-                          contiguous(parameters.rope)};
+                          contiguous(parameters.rope),         parameters.packed};
   const std::array<const torch::Tensor*, kParameters> all{
       &p.norm1_weight, &p.norm1_bias,   &p.qkv_weight, &p.qkv_bias,   &p.proj_weight, &p.proj_bias,
       &p.gamma1,       &p.norm2_weight, &p.norm2_bias, &p.fc1_weight, &p.fc1_bias,    &p.fc1v_weight,

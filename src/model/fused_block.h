@@ -12,11 +12,38 @@
 // Shape key: B batch, N tokens, D embed dim, nh heads, hd head dim (D / nh), Hd MLP hidden width, R = B*N rows.
 #pragma once
 
+#include <memory>
+
 #include <torch/torch.h>
 
 #include "config/model_config.h"
 
 namespace vit {
+
+// Float32 inference's products with their weights packed once for oneDNN's brgemm kernels and the bias added inside
+// the kernel, in place of sgemm on the plain weights after copying the bias into the output rows. A block keeps one
+// across its calls (BlockParameters::packed); a weight whose data or version changed is packed again. Used under
+// c10::InferenceMode only (predict, embed, serve, bench's inference: never inside training, whose optimizer writes
+// the weights through a flat buffer), where oneDNN has those kernels for this CPU (AVX-512) and VIT_PACKED_PRODUCTS
+// is not 0. Costs a packed copy of the block's product weights.
+class PackedProducts {
+ public:
+  PackedProducts();
+  ~PackedProducts();
+  PackedProducts(const PackedProducts&) = delete;
+  PackedProducts& operator=(const PackedProducts&) = delete;
+
+  // False where this CPU has no such kernels, or VIT_PACKED_PRODUCTS=0.
+  static bool available();
+  // Weights packed so far, repacks included.
+  int64_t packs() const;
+
+  struct State;
+  State& state() const { return *state_; }
+
+ private:
+  std::unique_ptr<State> state_;
+};
 
 // A block's parameters under timm's names. Every bias and gamma1/gamma2 (ls1, ls2) may be undefined: the norms'
 // under RmsNorm, qkv_bias without qkv_bias, the others without proj_bias, the gammas without LayerScale. A gated MLP
@@ -35,6 +62,8 @@ struct BlockParameters {
   // Rotary embeddings: sin then cos (hd each) for every patch token, shared by the heads (Np, 2 hd) or per head
   // (nh, Np, 2 hd), as RotaryEmbedding::embed gives them; undefined without. A table, not differentiated.
   torch::Tensor rope;
+  // Where float32 inference keeps its packed weights between calls; null: sgemm on the plain weights.
+  std::shared_ptr<PackedProducts> packed;
 };
 
 struct BlockShape {

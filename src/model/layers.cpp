@@ -394,6 +394,7 @@ BlockParameters BlockImpl::fused_parameters(const torch::Tensor& rope) const {
   p.fc2_weight = mlp->fc2->weight, p.fc2_bias = mlp->fc2->bias;
   p.gamma2 = ls2 ? ls2->gamma : gamma_2;
   p.rope = rope;
+  p.packed = packed_products;
   const int64_t hidden = mlp->fc2->weight.size(1);
   auto half = [&](const torch::Tensor& t, int64_t part) {  // a packed fc1's gates (0) or values (1): rows
     return t.defined() ? t.narrow(0, part * hidden, hidden) : t;

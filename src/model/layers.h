@@ -185,6 +185,8 @@ struct BlockImpl : torch::nn::Module {
   double drop_path_rate;                  // stochastic depth probability of this block
   bool fused = true;  // may take the fused CPU block; false keeps the per-operator path (tests compare them)
   bool bf16_products = false;  // the fused block's products in bfloat16 (BlockShape::bf16); the other path ignores it
+  // The fused block's packed weights for float32 inference, kept between calls (BlockParameters::packed).
+  std::shared_ptr<PackedProducts> packed_products = std::make_shared<PackedProducts>();
 };
 TORCH_MODULE(Block);
 

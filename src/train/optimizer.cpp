@@ -144,6 +144,7 @@ void FlatAdamW::step(double lr) {
         i = stop;
       }
     });
+    bump_versions();
     return;
   }
   // Other devices: the same update as a few whole-buffer tensor operations (per-element lr scales when they differ).
@@ -159,6 +160,11 @@ void FlatAdamW::step(double lr) {
   exp_avg_sq_.mul_(beta2_).addcmul_(grads_, grads_, 1.0 - beta2_);
   auto denom = (exp_avg_sq_.sqrt() / bias2_sqrt).add_(eps_);
   params_.addcdiv_(lr_scales_.defined() ? exp_avg_ * lr_scales_ : exp_avg_, denom, -step_size);
+  bump_versions();
+}
+
+void FlatAdamW::bump_versions() {
+  for (auto& [name, parameter] : named_) parameter.unsafeGetTensorImpl()->bump_version();
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> FlatAdamW::state() const {

@@ -55,6 +55,10 @@ class FlatAdamW {
   void load_state(const std::vector<std::pair<std::string, torch::Tensor>>& state);
 
  private:
+  // The parameters alias the buffer, which the update writes, so their own version counters would not move: moved
+  // here, so that what caches a weight by its version (model/fused_block.h's PackedProducts) sees the change.
+  void bump_versions();
+
   // A run of the buffer whose parameters share one lr scale (one run for the whole buffer without layer decay).
   struct Segment {
     int64_t end;  // one past its last element; it starts where the previous one ends
