@@ -314,8 +314,11 @@ TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
     torch::NoGradGuard no_grad;
     auto first_block = net->blocks[0]->as<Block>();
     const auto packed = first_block->packed_products;
+    // The lambda names the case through copies: C++17 lambdas cannot capture structured bindings (clang refuses).
+    const int64_t size = img, embed_dim = width;
+    const char* name = names[variant];
     auto check = [&](int64_t batch, const char* what) {
-      const auto images = torch::randn({batch, 3, img, img});
+      const auto images = torch::randn({batch, 3, size, size});
       c10::InferenceMode inference;  // where the packed weights are used
       net->set_fused_blocks(false);
       const auto expected = net->forward(images);
@@ -327,10 +330,10 @@ TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
       std::printf(
           "fused block inference, %lldx%lld, width %lld%s, batch %lld%s: logits %.3g, with the first block's "
           "products through sgemm %.3g (relative)\n",
-          static_cast<long long>(img), static_cast<long long>(img), static_cast<long long>(width), names[variant],
+          static_cast<long long>(size), static_cast<long long>(size), static_cast<long long>(embed_dim), name,
           static_cast<long long>(batch), what, relative_diff(actual, expected), relative_diff(unpacked, expected));
-      EXPECT_LT(relative_diff(actual, expected), 1e-5) << img << "x" << img << " batch " << batch << what;
-      EXPECT_LT(relative_diff(unpacked, expected), 1e-5) << img << "x" << img << " batch " << batch << what;
+      EXPECT_LT(relative_diff(actual, expected), 1e-5) << size << "x" << size << " batch " << batch << what;
+      EXPECT_LT(relative_diff(unpacked, expected), 1e-5) << size << "x" << size << " batch " << batch << what;
     };
     for (const int64_t batch : {1, 8}) check(batch, "");
     if (!PackedProducts::available()) continue;
