@@ -282,9 +282,11 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
   }
 }
 
-// Inference takes the fused path too, also at batch 1 where each head's query rows are split over the threads: with
-// attention through sgemm (101 tokens), through the short-sequence kernels (50 tokens, head dim 32), and with weights
-// large enough (width 256) that batch 1 runs each product on all rows at once. Its products run on the packed weights
+// Inference takes the fused path too, also at batches that do not split evenly over the threads (1 and 8 on 3), where
+// each thread takes its own rows through the block in one region, its queries' rows through the attention: with
+// attention through sgemm (101 tokens), through the short-sequence kernels (50 tokens, head dim 32), with 3 MB of
+// weights a block (width 256), and with weights large enough (width 320: 4.9 MB) that each product runs on all rows
+// at once instead. Its products run on the packed weights
 // where this CPU has oneDNN's kernels for them (PackedProducts), and through sgemm where a block has none: both are
 // checked, and a weight changed in place is packed again.
 TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
@@ -295,6 +297,7 @@ TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
   for (const auto& [img, width, heads, variant] : {std::tuple<int64_t, int64_t, int64_t, Variant>{40, 48, 3, plain},
                                                    {28, 64, 2, plain},
                                                    {28, 256, 4, plain},
+                                                   {28, 320, 4, plain},
                                                    {28, 64, 2, aimv2},
                                                    {28, 256, 4, aimv2},
                                                    {40, 48, 3, rope_mixed}}) {

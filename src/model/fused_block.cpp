@@ -2,17 +2,21 @@
 // backward's.
 #include "model/fused_block.h"
 
+#include <ATen/Config.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/cpu_kernels.h"
@@ -183,16 +187,37 @@ constexpr int64_t kPackedNarrowBytes = 4 << 20;
 
 struct Plan {
   bool wide = false;
-  int64_t tile = 0;     // narrow: rows per tile (0: the thread's whole range)
-  bool packed = false;  // float32 inference's products on packed weights, where a block keeps them
+  int64_t tile = 0;         // narrow: rows per tile (0: the thread's whole range)
+  bool packed = false;      // float32 inference's products on packed weights, where a block keeps them
+  bool one_region = false;  // narrow inference in one region, a barrier before the attention (one_region_applies)
 };
+
+// Whether an inference pass whose images do not split evenly over the threads (batch 1) runs as one parallel region:
+// each thread takes its own rows through norm1 and qkv, waits for the others' keys and values, then runs its rows'
+// queries through the attention and on to the block's end. One barrier a block where a wide plan has one per step
+// (nine). Each thread reads every weight, so only up to kPackedNarrowBytes of them; VIT_ONE_REGION=0 turns it off.
+// The barrier needs every lane's thread running at once, which OpenMP's teams guarantee; other backends keep the
+// plans below.
+bool one_region_applies(const Dims& d, bool training, int64_t threads, int64_t weight_bytes) {
+#if AT_PARALLEL_OPENMP
+  static const bool enabled = [] {
+    const char* value = std::getenv("VIT_ONE_REGION");
+    return value == nullptr || std::string(value) != "0";
+  }();
+  return enabled && !training && threads > 1 && d.B % threads != 0 && weight_bytes <= kPackedNarrowBytes &&
+         !at::in_parallel_region();
+#else
+  return false;
+#endif
+}
 
 Plan plan_for(const Dims& d, bool training) {
   const int64_t threads = at::get_num_threads();
   const int64_t weight_bytes = 4 * (4 * d.D * d.D + d.D * (d.fc1 + d.hidden));
   const bool small = weight_bytes <= kSmallWeightBytes;
   Plan plan;
-  plan.wide = threads > 1 && !small && (d.R + threads - 1) / threads < kReuseRows;
+  plan.one_region = one_region_applies(d, training, threads, weight_bytes);
+  plan.wide = !plan.one_region && threads > 1 && !small && (d.R + threads - 1) / threads < kReuseRows;
   plan.tile = !plan.wide && !training && small ? kTileRows : 0;
   plan.packed = !training && (plan.wide || weight_bytes <= kPackedNarrowBytes);
   return plan;
@@ -237,6 +262,32 @@ void for_images(const Dims& d, const Body& body) {
   at::parallel_for(0, d.B, /*grain_size=*/1, [&](int64_t b0, int64_t b1) { body(b0 * d.N, b1 * d.N, b0, b1); });
 }
 
+// One parallel region in two phases: before(lane) for every lane in [0, lanes), then after(lane) once every lane's
+// before has returned. Lanes are spread over the team as at::parallel_for spreads them (one each when lanes is the
+// team's size); the barrier counts lanes, so a thread holding several runs all of their befores first. OpenMP runs a
+// team's threads at once, which the barrier needs (one_region_applies). An exception in a before still arrives at
+// the barrier, so the others are not left waiting, and is rethrown once the region is over.
+template <typename Before, typename After>
+void two_phases(int64_t lanes, const Before& before, const After& after) {
+  std::atomic<int64_t> arrived{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  at::parallel_for(0, lanes, /*grain_size=*/1, [&](int64_t l0, int64_t l1) {
+    try {
+      for (int64_t lane = l0; lane < l1; ++lane) before(lane);
+    } catch (...) {
+      if (!failed.exchange(true)) error = std::current_exception();
+    }
+    arrived.fetch_add(l1 - l0, std::memory_order_acq_rel);
+    for (int64_t spins = 1; arrived.load(std::memory_order_acquire) < lanes; ++spins) {
+      if (spins % 1024 == 0) std::this_thread::yield();
+    }
+    if (failed.load()) return;
+    for (int64_t lane = l0; lane < l1; ++lane) after(lane);
+  });
+  if (error) std::rethrow_exception(error);
+}
+
 // An intermediate of `width` floats per row that only steps of the same row range read: a whole (R, width)
 // tensor in a wide plan, else the running thread's scratch `slot` holding the current range (row r at r - r0).
 // Allocated only where `needed`.
@@ -261,6 +312,25 @@ struct Saved {
   torch::Tensor xn1, mean1, rstd1, qkv, probs, att, a, y, mean2, rstd2, xn2, h, g, m, xn1_16, att16, xn2_16, g16;
 };
 
+// The attention of image b's head h for its query rows [first, first + count), on the calling thread.
+void attention_query_rows(const Dims& d, const RowKernels& k, float scale, const torch::Tensor& qkv,
+                          const torch::Tensor& probs, const torch::Tensor& att, int64_t b, int64_t h, int64_t first,
+                          int64_t count) {
+  const int64_t row = 3 * d.D, pair = b * d.heads + h;
+  const float* q = qkv.data_ptr<float>() + b * d.N * row + h * d.hd;  // (N, hd), row stride 3D; k at +D, v at +2D
+  float* s =
+      probs.defined() ? probs.data_ptr<float>() + (pair * d.N + first) * d.N : scratch(0, count * d.N);  // (count, N)
+  float* o = att.data_ptr<float>() + (b * d.N + first) * d.D + h * d.hd;
+  if (short_attention_applies(d.N, d.hd)) {
+    k.short_attention(q + first * row, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, count, s, o, d.D,
+                      scratch(1, d.hd * 64));
+    return;
+  }
+  sgemm('N', 'T', count, d.N, d.hd, scale, q + first * row, row, q + d.D, row, 0.0f, s, d.N);
+  k.softmax_rows(s, count, d.N);
+  sgemm('N', 'N', count, d.hd, d.N, 1.0f, s, d.N, q + 2 * d.D, row, 0.0f, o, d.D);
+}
+
 // The forward's region 2 on the calling thread, for items [item0, item1) of `blocks` per (image, head) pair (item i:
 // query-row block i % blocks of pair i / blocks): softmax((scale q) k^T) v into the head's columns of att (R, D). probs
 // (B, nh, N, N) receives the probabilities where defined (training).
@@ -268,26 +338,11 @@ void attention_forward_items(const Dims& d, const RowKernels& k, float scale, co
                              const torch::Tensor& probs, const torch::Tensor& att, int64_t blocks, int64_t item0,
                              int64_t item1) {
   const int64_t block_rows = (d.N + blocks - 1) / blocks;
-  const float* q_all = qkv.data_ptr<float>();
-  float* out = att.data_ptr<float>();
-  float* probs_p = probs.defined() ? probs.data_ptr<float>() : nullptr;
-  const int64_t row = 3 * d.D;
   for (int64_t i = item0; i < item1; ++i) {
     const int64_t pair = i / blocks, first = (i % blocks) * block_rows;
     if (first >= d.N) continue;
-    const int64_t count = std::min(block_rows, d.N - first);
-    const int64_t b = pair / d.heads, h = pair % d.heads;
-    const float* q = q_all + b * d.N * row + h * d.hd;  // (N, hd), row stride 3D; k at +D, v at +2D
-    float* s = probs_p != nullptr ? probs_p + (pair * d.N + first) * d.N : scratch(0, count * d.N);  // (count, N)
-    float* o = out + (b * d.N + first) * d.D + h * d.hd;
-    if (short_attention_applies(d.N, d.hd)) {
-      k.short_attention(q + first * row, q + d.D, q + 2 * d.D, row, d.N, d.hd, scale, count, s, o, d.D,
-                        scratch(1, d.hd * 64));
-      continue;
-    }
-    sgemm('N', 'T', count, d.N, d.hd, scale, q + first * row, row, q + d.D, row, 0.0f, s, d.N);
-    k.softmax_rows(s, count, d.N);
-    sgemm('N', 'N', count, d.hd, d.N, 1.0f, s, d.N, q + 2 * d.D, row, 0.0f, o, d.D);
+    attention_query_rows(d, k, scale, qkv, probs, att, pair / d.heads, pair % d.heads, first,
+                         std::min(block_rows, d.N - first));
   }
 }
 
@@ -691,7 +746,23 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
            k.add_branch_row(y + i * d.D, m + i * d.D, gamma2, keep_at(keep2, r0 + i, d.N), d.D, out_p + (r0 + i) * d.D);
          }
        }}};
-  if (by_images(d, plan)) {
+  if (plan.one_region) {
+    // Lane t: rows [t per, (t + 1) per), whose queries it takes through the attention, image by image.
+    const int64_t lanes = at::get_num_threads(), per = (d.R + lanes - 1) / lanes;
+    auto first_row = [&](int64_t lane) { return std::min(d.R, lane * per); };
+    two_phases(
+        lanes, [&](int64_t lane) { run_range(plan, region1, first_row(lane), first_row(lane + 1)); },
+        [&](int64_t lane) {
+          const int64_t r0 = first_row(lane), r1 = first_row(lane + 1);
+          for (int64_t b = r0 / d.N; b * d.N < r1; ++b) {
+            const int64_t first = std::max(r0, b * d.N) - b * d.N, end = std::min(r1, (b + 1) * d.N) - b * d.N;
+            for (int64_t h = 0; h < d.heads; ++h) {
+              attention_query_rows(d, k, scale, s.qkv, s.probs, s.att, b, h, first, end - first);
+            }
+          }
+          run_range(plan, region3, r0, r1);
+        });
+  } else if (by_images(d, plan)) {
     for_images(d, [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
       run_range(plan, region1, r0, r1);
       attention_forward_items(d, k, scale, s.qkv, s.probs, s.att, 1, b0 * d.heads, b1 * d.heads);
