@@ -286,21 +286,25 @@ TEST(FusedBlock, MatchesThePerOperatorPathOnEveryCoveredOption) {
 // each thread takes its own rows through the block in one region, its queries' rows through the attention: with
 // attention through sgemm (101 tokens), through the short-sequence kernels (50 tokens, head dim 32), with 3 MB of
 // weights a block (width 256), and with weights large enough (width 320: 4.9 MB) that each product runs on all rows
-// at once instead. Its products run on the packed weights
-// where this CPU has oneDNN's kernels for them (PackedProducts), and through sgemm where a block has none: both are
-// checked, and a weight changed in place is packed again.
+// at once instead; with each of the four activations, which a packed fc1 applies in its kernel. Its products run on the
+// packed weights where this CPU has oneDNN's kernels for them (PackedProducts), and through sgemm where a block has
+// none: both are checked, and a weight changed in place is packed again.
 TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
   SKIP_WITHOUT_KERNELS();
   Threads threads(3);
-  enum Variant { plain, aimv2, rope_mixed };
-  const char* names[] = {"", " (AIMv2's block)", " (RoPE-ViT mixed, a table per head)"};
+  enum Variant { plain, aimv2, rope_mixed, gelu_tanh, quick_gelu, silu };
+  const char* names[] = {
+      "", " (AIMv2's block)", " (RoPE-ViT mixed, a table per head)", " (GELU, tanh form)", " (QuickGELU)", " (SiLU)"};
   for (const auto& [img, width, heads, variant] : {std::tuple<int64_t, int64_t, int64_t, Variant>{40, 48, 3, plain},
                                                    {28, 64, 2, plain},
                                                    {28, 256, 4, plain},
                                                    {28, 320, 4, plain},
                                                    {28, 64, 2, aimv2},
                                                    {28, 256, 4, aimv2},
-                                                   {40, 48, 3, rope_mixed}}) {
+                                                   {40, 48, 3, rope_mixed},
+                                                   {28, 64, 2, gelu_tanh},
+                                                   {28, 64, 2, quick_gelu},
+                                                   {28, 64, 2, silu}}) {
     ModelConfig config = test::tiny_vit(img, /*patch=*/4, /*in_chans=*/3, /*num_classes=*/7, width,
                                         /*depth=*/2, heads, /*mlp_ratio=*/4.0);
     if (variant == aimv2) {  // RmsNorm, SwiGLU, SiLU, no biases on proj and the MLP
@@ -309,6 +313,10 @@ TEST(FusedBlock, InferenceMatchesAtBatchOneAndEight) {
     } else if (variant == rope_mixed) {  // learned frequencies: covered where no gradient is asked
       config.model_class = ModelClass::eva, config.use_rot_pos_emb = true, config.rope_type = RopeType::mixed;
       config.attn_type = AttnType::rope, config.init_values = 0.1;
+    } else if (variant != plain) {  // a plain MLP's other activations: in fc1's kernel where it is packed
+      config.act_layer = variant == gelu_tanh    ? Activation::gelu_tanh
+                         : variant == quick_gelu ? Activation::quick_gelu
+                                                 : Activation::silu;
     }
     torch::manual_seed(0);
     VisionTransformer net(config);

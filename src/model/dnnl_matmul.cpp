@@ -53,7 +53,7 @@ struct DnnlMatmul::State {
     dnnl::memory weights;  // the weight in the layout this primitive reads
   };
   mutable std::mutex mutex;
-  using Key = std::tuple<int64_t, bool, bool>;  // M, with bias, inside a parallel region
+  using Key = std::tuple<int64_t, bool, bool, int, float>;  // M, with bias, inside a parallel region, epilogue
   mutable std::map<Key, Entry> primitives;
   mutable std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed;  // the weight in each layout wanted
 
@@ -61,9 +61,9 @@ struct DnnlMatmul::State {
   const void* weight_data() const { return type == MatmulType::f32 ? weight_in_place : weight.data(); }
 
   // The primitive for M rows (made on first use); a copy of its handles, so callers need no lock.
-  Entry entry(int64_t M, bool with_bias, bool in_parallel_region) const {
+  Entry entry(int64_t M, bool with_bias, bool in_parallel_region, Epilogue epilogue) const {
     std::lock_guard<std::mutex> lock(mutex);
-    const Key key{M, with_bias, in_parallel_region};
+    const Key key{M, with_bias, in_parallel_region, epilogue.kind, epilogue.alpha};
     auto found = primitives.find(key);
     if (found != primitives.end()) return found->second;
     const dnnl::memory::desc src({M, K}, input_type(), tag::ab);
@@ -72,6 +72,15 @@ struct DnnlMatmul::State {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (type == MatmulType::int8) attr.set_output_scales(1 << 1, column_scales);  // one per column of C
+    if (epilogue.kind != Epilogue::none) {
+      if (type == MatmulType::int8) throw std::invalid_argument("DnnlMatmul: an epilogue on an int8 product");
+      const auto algorithm = epilogue.kind == Epilogue::gelu_erf    ? dnnl::algorithm::eltwise_gelu_erf
+                             : epilogue.kind == Epilogue::gelu_tanh ? dnnl::algorithm::eltwise_gelu_tanh
+                                                                    : dnnl::algorithm::eltwise_swish;
+      dnnl::post_ops ops;
+      ops.append_eltwise(1.0f, algorithm, epilogue.alpha, 0.0f);
+      attr.set_post_ops(ops);
+    }
     const auto desc = with_bias
                           ? dnnl::matmul::desc(src, weights, dnnl::memory::desc({1, N}, dt::f32, tag::ab), dst)
                           : dnnl::matmul::desc(src, weights, dst);
@@ -109,10 +118,11 @@ DnnlMatmul::DnnlMatmul(MatmulType type, int64_t N, int64_t K, const void* weight
 
 DnnlMatmul::~DnnlMatmul() = default;
 
-void DnnlMatmul::run(int64_t M, const void* a, void* c, const float* bias, bool in_parallel_region) const {
+void DnnlMatmul::run(int64_t M, const void* a, void* c, const float* bias, bool in_parallel_region,
+                     Epilogue epilogue) const {
   const auto& s = *state_;
   const bool with_bias = bias != nullptr && s.type != MatmulType::int8;
-  const auto entry = s.entry(M, with_bias, in_parallel_region);
+  const auto entry = s.entry(M, with_bias, in_parallel_region, epilogue);
   thread_local std::vector<char> scratch;
   if (scratch.size() < entry.scratchpad.get_size()) scratch.resize(entry.scratchpad.get_size());
   auto& engine = cpu_engine();

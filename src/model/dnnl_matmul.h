@@ -17,10 +17,18 @@ enum class MatmulType {
   f32,   // A, W and C float32 (+ a float32 bias); W read where it is, not copied: it must outlive the matmul
 };
 
+// An element-wise function of C applied inside the kernel, after the bias (bf16 and f32): GELU in its erf or tanh
+// form, or swish, x sigmoid(alpha x) (SiLU: alpha 1; QuickGELU: 1.702).
+struct Epilogue {
+  enum Kind { none, gelu_erf, gelu_tanh, swish } kind = none;
+  float alpha = 0.0f;
+};
+
 // C (M, N) = A (M, K) W^T (x column_scales, + bias) for a weight W (N, K), row-major, fixed at construction (copied,
 // with the int8 column scales, except float32's). oneDNN chooses the kernel for this CPU (AMX, AVX-512 VNNI / BF16,
 // ...; for float32 its brgemm kernels, where it has them: f32_packing_available()); the weight is reordered into the
-// layout that kernel reads once, and one primitive is kept per (M, bias or not, inside a parallel region or not).
+// layout that kernel reads once, and one primitive is kept per (M, bias or not, inside a parallel region or not,
+// epilogue).
 // run() may be called from several threads.
 class DnnlMatmul {
  public:
@@ -33,7 +41,9 @@ class DnnlMatmul {
   // a: (M, K) int8, bf16 or float32; c: (M, N) float32; bias: (N) float32 or null (bf16 and f32 only: int8's bias is
   // added after the caller's row scales). in_parallel_region: called inside an OpenMP parallel region, where the
   // primitive runs on the calling thread alone (oneDNN fixes a primitive's split over threads when it is made).
-  void run(int64_t M, const void* a, void* c, const float* bias, bool in_parallel_region = false) const;
+  // epilogue: applied to C in the kernel (not with int8).
+  void run(int64_t M, const void* a, void* c, const float* bias, bool in_parallel_region = false,
+           Epilogue epilogue = {}) const;
 
   // Whether oneDNN has a brgemm kernel for float32 matmul on this CPU (AVX-512): packed float32 weights pay off only
   // there, and only its brgemm kernels are safe beside PyTorch's wheel (gemm_bf16's comment says why).
