@@ -1,5 +1,5 @@
 // oneDNN's matmul behind a small torch-free interface (model/precision.cpp's int8 and bf16 layers, the fused block's
-// bf16 products in training and its packed float32 products in inference, model/fused_block.cpp). A unit of its own
+// bf16 products in training and its packed float32 products in inference, model/fused_products.cpp). A unit of its own
 // in a library of its own: PyTorch's wheel ships oneDNN 3 headers among LibTorch's, while the library linked is
 // Debian's oneDNN 2, so nothing that sees LibTorch's include folders may include dnnl.hpp.
 //
