@@ -620,6 +620,45 @@ TEST(Bf16Products, GemmIsTheFloat32ProductOfTheRoundedInputs) {
   std::printf("gemm_bf16 against float32 products of the rounded inputs: max relative difference %.3g\n", worst);
   EXPECT_LT(worst, 1e-5);
 }
+
+// gemm_f32 (the fused block's float32 products of at most 256 inner values, the bias inside oneDNN's brgemm kernel)
+// computes LibTorch's product: every transpose, alpha and beta, a bias; then one call inside a parallel region per
+// thread. Strided operands are refused.
+TEST(F32Products, GemmIsLibTorchsProduct) {
+  if (!DnnlMatmul::f32_packing_available()) GTEST_SKIP() << "oneDNN has no float32 brgemm kernel on this CPU";
+  double worst = 0.0;
+  for (const char ta : {'N', 'T'}) {
+    for (const char tb : {'N', 'T'}) {
+      for (const auto& [alpha, beta, with_bias] :
+           {std::tuple<float, float, bool>{1.0f, 0.0f, false}, {0.5f, 1.0f, false}, {1.0f, 0.5f, true}}) {
+        const int64_t M = 37, N = 24, K = 53;
+        torch::manual_seed(ta * 7 + tb);
+        const auto a = ta == 'N' ? torch::randn({M, K}) : torch::randn({K, M});
+        const auto b = tb == 'N' ? torch::randn({K, N}) : torch::randn({N, K});
+        const auto c0 = torch::randn({M, N});
+        const auto bias = with_bias ? torch::randn({N}) : torch::zeros({N});
+        const auto expected = alpha * torch::mm(ta == 'N' ? a : a.t(), tb == 'N' ? b : b.t()) + bias + beta * c0;
+        auto c = c0.clone();
+        ASSERT_TRUE(gemm_f32(ta, tb, M, N, K, alpha, a.data_ptr<float>(), a.size(1), b.data_ptr<float>(), b.size(1),
+                             beta, c.data_ptr<float>(), N, with_bias ? bias.data_ptr<float>() : nullptr))
+            << ta << tb << ": no brgemm kernel";
+        worst = std::max(worst, relative_diff(c, expected));
+      }
+    }
+  }
+  const auto a = torch::randn({64, 32}), b = torch::randn({16, 32}), bias = torch::randn({16});
+  auto c = torch::empty({64, 16});
+  at::parallel_for(0, 64, 1, [&](int64_t r0, int64_t r1) {
+    gemm_f32('N', 'T', r1 - r0, 16, 32, 1.0f, a.data_ptr<float>() + r0 * 32, 32, b.data_ptr<float>(), 32, 0.0f,
+             c.data_ptr<float>() + r0 * 16, 16, bias.data_ptr<float>());
+  });
+  worst = std::max(worst, relative_diff(c, torch::mm(a, b.t()) + bias));
+  std::printf("gemm_f32 against LibTorch's product: max relative difference %.3g\n", worst);
+  EXPECT_LT(worst, 1e-5);
+  EXPECT_THROW(gemm_f32('N', 'T', 8, 16, 16, 1.0f, a.data_ptr<float>(), 32, b.data_ptr<float>(), 32, 0.0f,
+                        c.data_ptr<float>(), 16),
+               std::invalid_argument);
+}
 #endif
 
 // The fused block with its products in bfloat16 (train.amp bf16 on the CPU) stays within bfloat16's rounding of the

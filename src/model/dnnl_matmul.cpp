@@ -153,8 +153,8 @@ bool DnnlMatmul::f32_packing_available() {
 
 namespace {
 
-// A product's shape, strides and scalars: what its primitive is made for.
-using GemmKey = std::tuple<char, char, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool>;
+// A product's shape, strides, scalars and input type (bf16 or f32): what its primitive is made for.
+using GemmKey = std::tuple<char, char, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool, dt>;
 
 struct Gemm {
   dnnl::matmul matmul;
@@ -163,11 +163,11 @@ struct Gemm {
 };
 
 Gemm make_gemm(const GemmKey& key) {
-  const auto [transa, transb, M, N, K, lda, ldb, ldc, alpha, beta, with_bias] = key;
+  const auto [transa, transb, M, N, K, lda, ldb, ldc, alpha, beta, with_bias, type] = key;
   using dims = dnnl::memory::dims;
   // op(A) (M, K) and op(B) (K, N) as strided views of the row-major arrays: a transpose swaps the strides.
-  const dnnl::memory::desc a({M, K}, dt::bf16, transa == 'N' ? dims{lda, 1} : dims{1, lda});
-  const dnnl::memory::desc b({K, N}, dt::bf16, transb == 'N' ? dims{ldb, 1} : dims{1, ldb});
+  const dnnl::memory::desc a({M, K}, type, transa == 'N' ? dims{lda, 1} : dims{1, lda});
+  const dnnl::memory::desc b({K, N}, type, transb == 'N' ? dims{ldb, 1} : dims{1, ldb});
   const dnnl::memory::desc c({M, N}, dt::f32, dims{ldc, 1});
   const dnnl::memory::desc bias = with_bias ? dnnl::memory::desc({1, N}, dt::f32, tag::ab) : dnnl::memory::desc();
   dnnl::primitive_attr attr;
@@ -181,6 +181,39 @@ Gemm make_gemm(const GemmKey& key) {
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, bias, c), attr, cpu_engine());
   prefer_brgemm(pd);
   return {dnnl::matmul(pd), a, b, c, bias, pd.scratchpad_desc(), pd.impl_info_str()};
+}
+
+// Runs C = alpha op(A) op(B) (+ bias) + beta C on dense operands of the key's type through the running thread's
+// primitive for the key. False, running nothing, for a float32 product oneDNN has no brgemm kernel for (bfloat16's
+// run on the kernel chosen).
+bool run_gemm(const GemmKey& key, const void* A, const void* B, float* C, const float* bias) {
+  // Each thread keeps the primitives it made (once per shape; no lock on the hot path). oneDNN fixes a primitive's
+  // split over threads when it is made, so a primitive made inside a parallel region is also run inside one.
+  thread_local std::map<GemmKey, Gemm> made;
+  auto found = made.find(key);
+  if (found == made.end()) found = made.emplace(key, make_gemm(key)).first;
+  const Gemm& gemm = found->second;
+  if (std::get<11>(key) == dt::f32 && gemm.kernel.rfind("brg", 0) != 0) return false;
+  thread_local std::vector<char> scratch;
+  if (scratch.size() < gemm.scratchpad.get_size()) scratch.resize(gemm.scratchpad.get_size());
+  auto& engine = cpu_engine();
+  dnnl::stream stream(engine);
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(gemm.a, engine, const_cast<void*>(A))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(gemm.b, engine, const_cast<void*>(B))},
+      {DNNL_ARG_DST, dnnl::memory(gemm.c, engine, C)},
+      {DNNL_ARG_SCRATCHPAD, dnnl::memory(gemm.scratchpad, engine, scratch.data())}};
+  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(gemm.bias, engine, const_cast<float*>(bias)));
+  try {
+    gemm.matmul.execute(stream, args);
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    const auto [transa, transb, M, N, K, lda, ldb, ldc, alpha, beta, with_bias, type] = key;
+    throw std::runtime_error(std::string(type == dt::bf16 ? "gemm_bf16 " : "gemm_f32 ") + std::to_string(M) + "x" +
+                             std::to_string(N) + "x" + std::to_string(K) + " (oneDNN " + gemm.kernel +
+                             "): " + e.what());
+  }
+  return true;
 }
 
 }  // namespace
@@ -213,30 +246,18 @@ void gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float 
     }
     return;
   }
-  // Each thread keeps the primitives it made (once per shape; no lock on the hot path). oneDNN fixes a primitive's
-  // split over threads when it is made, so a primitive made inside a parallel region is also run inside one.
-  thread_local std::map<GemmKey, Gemm> made;
-  const GemmKey key{transa, transb, M, N, K, lda, ldb, ldc, alpha, beta, bias != nullptr};
-  auto found = made.find(key);
-  if (found == made.end()) found = made.emplace(key, make_gemm(key)).first;
-  const Gemm& gemm = found->second;
-  thread_local std::vector<char> scratch;
-  if (scratch.size() < gemm.scratchpad.get_size()) scratch.resize(gemm.scratchpad.get_size());
-  auto& engine = cpu_engine();
-  dnnl::stream stream(engine);
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, dnnl::memory(gemm.a, engine, const_cast<uint16_t*>(A))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(gemm.b, engine, const_cast<uint16_t*>(B))},
-      {DNNL_ARG_DST, dnnl::memory(gemm.c, engine, C)},
-      {DNNL_ARG_SCRATCHPAD, dnnl::memory(gemm.scratchpad, engine, scratch.data())}};
-  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(gemm.bias, engine, const_cast<float*>(bias)));
-  try {
-    gemm.matmul.execute(stream, args);
-    stream.wait();
-  } catch (const dnnl::error& e) {
-    throw std::runtime_error("gemm_bf16 " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
-                             " (oneDNN " + gemm.kernel + "): " + e.what());
+  run_gemm({transa, transb, M, N, K, lda, ldb, ldc, alpha, beta, bias != nullptr, dt::bf16}, A, B, C, bias);
+}
+
+bool gemm_f32(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+              const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias) {
+  if (M == 0 || N == 0) return true;
+  if (bias != nullptr && alpha != 1.0f) throw std::invalid_argument("gemm_f32: a bias with alpha other than 1");
+  const int64_t a_cols = transa == 'N' ? K : M, b_cols = transb == 'N' ? N : K;
+  if (lda != a_cols || ldb != b_cols || ldc != N) {
+    throw std::invalid_argument("gemm_f32: strided operands (dense rows only)");
   }
+  return run_gemm({transa, transb, M, N, K, lda, ldb, ldc, alpha, beta, bias != nullptr, dt::f32}, A, B, C, bias);
 }
 
 }  // namespace vit

@@ -63,4 +63,10 @@ class DnnlMatmul {
 void gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias = nullptr);
 
+// gemm_bf16 in float32 (A, B and C float32, dense rows only: leading dimension = row length) through oneDNN's brgemm
+// kernels, whose gain over sgemm is the bias inside the kernel. Returns false, computing nothing, where oneDNN has no
+// brgemm kernel for the product (a CPU without AVX-512): the caller's sgemm does it then.
+bool gemm_f32(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+              const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias = nullptr);
+
 }  // namespace vit
