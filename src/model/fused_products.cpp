@@ -168,13 +168,13 @@ Products::Products(const BlockParameters& p, bool bf16, bool packed) {
 #endif
 }
 
-bool Products::packed(const torch::Tensor& weight) const {
-#if VIT_WITH_DNNL
-  for (const auto& entry : packed_) {
-    if (entry.first == weight.data_ptr<float>()) return true;
+bool Products::packed(const torch::Tensor& weight) const { return packed_matmul(weight) != nullptr; }
+
+const DnnlMatmul* Products::packed_matmul(const torch::Tensor& weight) const {
+  for (const auto& [data, matmul] : packed_) {
+    if (data == weight.data_ptr<float>()) return matmul;
   }
-#endif
-  return false;
+  return nullptr;
 }
 
 torch::Tensor Products::kept(bool training, int64_t rows, int64_t width) const {
@@ -192,14 +192,12 @@ void Products::linear_rows(int64_t r0, int64_t r1, const float* in, const torch:
   const int64_t out_features = weight.size(0), in_features = weight.size(1), rows = r1 - r0;
   if (ld == 0) ld = out_features;
 #if VIT_WITH_DNNL
-  for (const auto& [data, matmul] : packed_) {
-    // Dense output rows only (DnnlMatmul's): a gated MLP's two fc1 products, whose rows are strided, are not packed.
-    if (data == weight.data_ptr<float>()) {
-      TORCH_CHECK(ld == out_features, "fused block: a packed product with strided output rows");
-      matmul->run(rows, in, out, data_or_null(bias), at::in_parallel_region(),
-                  act != nullptr ? epilogue_of(*act) : Epilogue{});
-      return;
-    }
+  // Dense output rows only (DnnlMatmul's): a gated MLP's two fc1 products, whose rows are strided, are not packed.
+  if (const DnnlMatmul* matmul = packed_matmul(weight)) {
+    TORCH_CHECK(ld == out_features, "fused block: a packed product with strided output rows");
+    matmul->run(rows, in, out, data_or_null(bias), at::in_parallel_region(),
+                act != nullptr ? epilogue_of(*act) : Epilogue{});
+    return;
   }
 #endif
   TORCH_CHECK(act == nullptr, "fused block: an activation asked of a product that is not packed");

@@ -26,10 +26,11 @@ inline const float* data_or_null(const torch::Tensor& t) {
 }
 inline float* data_or_null(torch::Tensor& t) { return t.defined() && t.numel() > 0 ? t.data_ptr<float>() : nullptr; }
 
-// How a pass runs its linear layers' products: float32 sgemm; in inference, where BlockParameters::packed is set and
-// PackedProducts::available(), oneDNN's float32 matmul on the packed weights; or, with BlockShape::bf16, in bfloat16
-// through gemm_bf16 (model/dnnl_matmul.h): each weight rounded once per pass, each input as a product reads it,
-// float32 accumulation and output. Everything else in the block stays float32. A training pass keeps the rounded
+// How a pass runs its linear layers' products: float32 sgemm, or oneDNN's brgemm kernel with the bias inside it for a
+// product of at most 256 inner values (gemm_f32, where the CPU has it); in inference, where BlockParameters::packed is
+// set and PackedProducts::available(), oneDNN's float32 matmul on the packed weights; or, with BlockShape::bf16, in
+// bfloat16 through gemm_bf16 (model/dnnl_matmul.h): each weight rounded once per pass, each input as a product reads
+// it, float32 accumulation and output. Everything else in the block stays float32. A training pass keeps the rounded
 // inputs (forward) and output gradients (backward) in whole-batch buffers (kept(), then the `*16` arguments), so that
 // the weight gradients' products read them without rounding them again.
 class Products {
@@ -68,6 +69,8 @@ class Products {
  private:
   // The rounded copy of a weight of this pass (found by its data, which the views and detached copies share).
   const uint16_t* rounded(const torch::Tensor& weight) const;
+  // The packed matmul of a weight of this pass (found the same way), null where it has none.
+  const DnnlMatmul* packed_matmul(const torch::Tensor& weight) const;
 
   std::vector<std::pair<const float*, torch::Tensor>> rounded_;     // (float32 data, its bfloat16 copy)
   std::vector<std::pair<const float*, const DnnlMatmul*>> packed_;  // (float32 data, its packed matmul)
