@@ -162,7 +162,8 @@ void setup_bench(CLI::App& app, int& status) {
   command
       ->add_option(
           "--amp", args->amp,
-          "off | bf16 | fp16 (CUDA); off | bf16 on a CPU with AVX512_BF16 or AMX (default: the config's train.amp)")
+          "off | bf16 | fp16 (CUDA) | auto (bf16 on CUDA and on a CPU with AMX, else float32); on the CPU bf16 needs "
+          "AVX512_BF16 or AMX (default: the config's train.amp)")
       ->check(enum_choice<AmpMode>());
   command->add_option("--workers", args->workers, "--mode data: loader worker counts to measure, e.g. 1,2")
       ->delimiter(',')

@@ -220,12 +220,13 @@ TEST(ConfigEnums, EveryClosedSetRejectsOtherSpellingsNamingTheChoices) {
       {R"({"data": {"format": "imagenet"}})",
        "data.format: \"imagenet\" is not one of: folder, csv, mnist, fashion_mnist, cifar10, cifar100, wds"},
       {R"({"data": {"on_bad_image": "ignore"}})", "data.on_bad_image: \"ignore\" is not one of: fail, skip"},
-      {R"({"train": {"amp": "fp8"}})", "train.amp: \"fp8\" is not one of: off, bf16, fp16"},
+      {R"({"train": {"amp": "fp8"}})", "train.amp: \"fp8\" is not one of: off, bf16, fp16, auto"},
       {R"({"train": {"final_weights": "best"}})", "train.final_weights: \"best\" is not one of: model, ema"},
       {R"({"train": {"dist_backend": "mpi"}})", "train.dist_backend: \"mpi\" is not one of: auto, gloo, nccl"}};
   for (const auto& [doc, message] : cases) EXPECT_EQ(error_of(json::parse(doc)), std::string("cfg.json: ") + message);
   EXPECT_EQ(error_of(json::parse(R"({"train": {"amp": 1}})")), "cfg.json: train.amp: 1 is not a string");
   EXPECT_EQ(name_of(DistBackend::automatic), std::string("auto"));
+  EXPECT_EQ(enum_from_name<AmpMode>("auto"), AmpMode::automatic);
   EXPECT_EQ(enum_from_name<Interpolation>("bicubic"), Interpolation::bicubic);
   EXPECT_FALSE(enum_from_name<Interpolation>("nearest").has_value());
 }

@@ -164,7 +164,7 @@ BenchResult run_bench(VisionTransformer& net, const BenchOptions& options) {
   net->to(device);
   result.amp = apply_amp(net, options.amp, device, "--amp");        // on the CPU: the fused blocks' bf16 products
   const bool amp = result.amp != AmpMode::off && device.is_cuda();  // CUDA autocast
-  const bool fp16 = amp && options.amp == AmpMode::fp16;
+  const bool fp16 = amp && result.amp == AmpMode::fp16;
   const auto amp_dtype = fp16 ? torch::kHalf : torch::kBFloat16;
   result.batch_size = options.batch_size;
   const auto macs = static_cast<double>(forward_macs(model_config));

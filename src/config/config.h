@@ -32,10 +32,11 @@ VIT_ENUM_NAMES(DataFormat, "folder", "csv", "mnist", "fashion_mnist", "cifar10",
 // What a dataset image that cannot be decoded does: stop the run, or leave it out (and list it at the end).
 enum class BadImagePolicy { fail, skip };
 VIT_ENUM_NAMES(BadImagePolicy, "fail", "skip");
-// Mixed precision: float32, bfloat16 (CUDA autocast; on the CPU the fused blocks' products), or float16 autocast with
-// loss scaling (CUDA).
-enum class AmpMode { off, bf16, fp16 };
-VIT_ENUM_NAMES(AmpMode, "off", "bf16", "fp16");
+// Mixed precision: float32, bfloat16 (CUDA autocast; on the CPU the fused blocks' products), float16 autocast with
+// loss scaling (CUDA), or auto: bf16 where it is the faster choice (CUDA; a CPU with AMX), float32 elsewhere
+// (resolve_amp, train/trainer.h).
+enum class AmpMode { off, bf16, fp16, automatic };
+VIT_ENUM_NAMES(AmpMode, "off", "bf16", "fp16", "auto");
 // Which weights a model file holds: the trained parameters or their EMA. train.final_weights declares, before
 // training, which of them is the run's result (final.safetensors): the test set is scored on these once, never on a
 // checkpoint picked by looking at evaluation results.
@@ -135,7 +136,7 @@ struct TrainConfig {
   // parameter but head.* (a linear probe). A prefix that matches no parameter is an error.
   std::vector<std::string> freeze;  // e.g. ["backbone"] or ["patch_embed", "blocks.0"]
   std::string device = "auto";  // auto | cpu | cuda
-  AmpMode amp = AmpMode::off;   // off | bf16 | fp16 on CUDA; off | bf16 on the CPU (apply_amp, train/trainer.h)
+  AmpMode amp = AmpMode::off;   // off | bf16 | fp16 on CUDA; off | bf16 on the CPU; auto (apply_amp, train/trainer.h)
   int64_t threads = 0;          // intra-op threads (0 = all cores)
   uint64_t seed = 42;           // seeds init, data order, augmentation, dropout
   int64_t log_interval = 50;    // optimiser steps between metrics.jsonl lines

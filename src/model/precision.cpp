@@ -42,6 +42,8 @@ bool cpu_has(const char* feature) {
 
 }  // namespace
 
+bool cpu_has_amx_bf16() { return cpu_has("amx-bf16"); }
+
 std::string cpu_precision_features() {
   std::string features;
   auto add = [&](const char* name) { features += (features.empty() ? "" : ", ") + std::string(name); };

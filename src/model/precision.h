@@ -33,6 +33,10 @@ std::string precision_refusal(Precision precision, torch::DeviceType device);
 // a CPU with AVX512_BF16 or AMX (this one has ...)"); empty when they can. --precision bf16 and train.amp bf16 ask it.
 std::string cpu_bf16_refusal();
 
+// Whether this CPU has AMX's bfloat16 tiles: where bfloat16 products outrun float32 ones in training (with AVX512_BF16
+// alone they ran at 0.58-0.64x float32's training speed on a Xeon whose AMX was hidden: README, train.amp).
+bool cpu_has_amx_bf16();
+
 // The int8 and bf16 instructions this CPU has, as oneDNN uses them ("AMX int8/bf16", "AVX-512 VNNI", ...), for logs.
 std::string cpu_precision_features();
 

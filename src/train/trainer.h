@@ -45,10 +45,17 @@ struct TrainResult {
 
 TrainResult train(const TrainRequest& request, const TrainHooks& hooks = {});
 
+// What train.amp auto means on a device: bf16 on CUDA (autocast; Ampere and later run it natively), bf16 on a CPU with
+// AMX and a build with oneDNN (the fused blocks' products), float32 (AmpMode::off) on any other CPU, where bfloat16
+// products train more slowly than float32 ones (cpu_has_amx_bf16, model/precision.h). Any other mode is returned as
+// it is.
+AmpMode resolve_amp(AmpMode amp, const torch::Device& device);
+
 // Sets up the mixed precision `amp` for training net on device (train.amp; bench's --amp) and returns what runs. On
 // CUDA: autocast, which the caller scopes (bf16, or fp16 with loss scaling). On the CPU, bf16: the fused blocks'
 // linear products in bfloat16 with float32 accumulation (VisionTransformerImpl::set_bf16_products), said once in
-// the log. Anything else (fp16 on the CPU, a CPU without AVX512_BF16 or AMX, a build without oneDNN) warns with the
+// the log, with a warning where the CPU lacks AMX (slower than float32 there). auto: resolve_amp's choice, said with
+// its reason. Anything else (fp16 on the CPU, a CPU without AVX512_BF16 or AMX, a build without oneDNN) warns with the
 // reason and returns AmpMode::off: float32. setting names the option in those lines.
 AmpMode apply_amp(VisionTransformer& net, AmpMode amp, const torch::Device& device, const std::string& setting);
 
