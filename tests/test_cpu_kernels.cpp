@@ -724,7 +724,7 @@ TEST(FusedBlock, CpuAmpBf16TurnsOnBf16ProductsAndFp16FallsBackToFloat32) {
 }
 
 // train.amp auto: bf16 where it trains faster than float32 (CUDA; a CPU with AMX, as oneDNN's bfloat16 kernels
-// without AMX ran at 0.58-0.64x float32's img/s), float32 on every other CPU; the other modes pass through as asked.
+// without AMX ran at 0.62-0.76x float32's img/s), float32 on every other CPU; the other modes pass through as asked.
 TEST(Amp, AutoIsBf16OnlyWhereItPays) {
   const bool amx = cpu_has_amx_bf16() && cpu_bf16_refusal().empty();
   std::printf("this CPU: %s; train.amp auto on it: %s\n", cpu_precision_features().c_str(),

@@ -34,8 +34,8 @@ std::string precision_refusal(Precision precision, torch::DeviceType device);
 std::string cpu_bf16_refusal();
 
 // Whether this CPU has AMX's bfloat16 tiles: where bfloat16 products outrun float32 ones in training (with AVX512_BF16
-// alone they ran at 0.58-0.64x float32's training speed on a Xeon whose AMX was hidden, whose VDPBF16PS does no more
-// multiply-adds a cycle than its float32 FMAs: README, train.amp).
+// alone they ran at 0.62-0.76x float32's training speed on a Xeon whose AMX was hidden, whose VDPBF16PS does half the
+// multiply-adds of its float32 FMAs: README, train.amp).
 bool cpu_has_amx_bf16();
 
 // The int8 and bf16 instructions this CPU has, as oneDNN uses them ("AMX int8/bf16", "AVX-512 VNNI", ...), for logs.

@@ -115,7 +115,7 @@ AmpMode apply_amp(VisionTransformer& net, AmpMode amp, const torch::Device& devi
             cpu_precision_features() + "), everything else in float32");
   if (!cpu_has_amx_bf16()) {
     log::warn(asked +
-              " on a CPU without AMX: bfloat16 products may train more slowly than float32 (0.58-0.64x "
+              " on a CPU without AMX: bfloat16 products may train more slowly than float32 (0.62-0.76x "
               "float32's img/s on an Intel Xeon with AVX512_BF16 alone, README); " +
               setting + " auto or off trains in float32");
   }
