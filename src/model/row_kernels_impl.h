@@ -55,19 +55,15 @@ typedef int32_t ivec __attribute__((vector_size(4 * W)));
 VIT_INLINE vec loadv(const float* p) { return *reinterpret_cast<const vec*>(p); }
 VIT_INLINE void storev(float* p, vec x) { *reinterpret_cast<vec*>(p) = x; }
 
-// One float from a vector's W lanes by op, folded in halves: log2 W dependent
-// steps where a loop over the lanes is a chain of W - 1 (4 cycles each; in the
-// short attention's softmax that chain was its largest cost).
-template <typename Op> VIT_INLINE float fold_lanes(vec x, const Op &op) {
+// One float from a vector's W lanes by op, folded in halves: log2 W dependent steps where a loop over the lanes is a
+// chain of W - 1 (4 cycles each; in the short attention's softmax that chain was its largest cost).
+template <typename Op>
+VIT_INLINE float fold_lanes(vec x, const Op& op) {
 #if VIT_VECTOR_FLOATS == 16
-  x = op(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2,
-                                    3, 4, 5, 6, 7));
-  x = op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14,
-                                    15, 8, 9, 10, 11));
-  x = op(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9,
-                                    14, 15, 12, 13));
-  x = op(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10,
-                                    13, 12, 15, 14));
+  x = op(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  x = op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  x = op(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  x = op(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
 #elif VIT_VECTOR_FLOATS == 8
   x = op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3));
   x = op(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5));
@@ -290,19 +286,15 @@ void softmax_backward_rows(const float* p, float* dp, int64_t rows, int64_t cols
 
 // ---- GELU with its derivative (training) ----
 
-// Phi(x) and x phi(x) (the standard normal's CDF and density, times x) from one
-// exp: Phi(x) = (1 + erf(x / sqrt 2)) / 2 with erf(z) = 1 - t P(t) e^-z^2, t =
-// 1 / (1 + p |z|) (Abramowitz and Stegun 7.1.26, absolute error 1.5e-7, the
-// form oneDNN's gelu_erf uses). Below zero Phi is the half tail t P(t) e^-z^2 /
-// 2 itself, not 1 minus its complement, so it does not round to zero far out as
-// 1 + erf does (within 3% of it down to -12). e^-z^2 = e^(-x^2 / 2) is also
+// Phi(x) and x phi(x) (the standard normal's CDF and density, times x) from one exp: Phi(x) = (1 + erf(x / sqrt 2)) / 2
+// with erf(z) = 1 - t P(t) e^-z^2, t = 1 / (1 + p |z|) (Abramowitz and Stegun 7.1.26, absolute error 1.5e-7, the form
+// oneDNN's gelu_erf uses). Below zero Phi is the half tail t P(t) e^-z^2 / 2 itself, not 1 minus its complement, so it
+// does not round to zero far out as 1 + erf does (within 3% of it down to -12). And e^-z^2 = e^(-x^2 / 2) is
 // sqrt(2 pi) phi(x).
-VIT_INLINE void normal_cdf_and_density(vec x, vec &cdf, vec &x_density) {
-  const vec z2 = x * x * -0.5f; // -z^2 with z = x / sqrt 2
+VIT_INLINE void normal_cdf_and_density(vec x, vec& cdf, vec& x_density) {
+  const vec z2 = x * x * -0.5f;  // -z^2 with z = x / sqrt 2
   const vec e = exp_nonpositive(z2);
-  const vec abs_z =
-      __builtin_bit_cast(vec, __builtin_bit_cast(ivec, x) & 0x7fffffff) *
-      0.70710678118654752f;
+  const vec abs_z = __builtin_bit_cast(vec, __builtin_bit_cast(ivec, x) & 0x7fffffff) * 0.70710678118654752f;
   const vec t = 1.0f / (abs_z * 0.3275911f + 1.0f);
   vec poly = t * 1.061405429f - 1.453152027f;
   poly = poly * t + 1.421413741f;
@@ -310,10 +302,10 @@ VIT_INLINE void normal_cdf_and_density(vec x, vec &cdf, vec &x_density) {
   poly = poly * t + 0.254829592f;
   const vec half_tail = poly * t * e * 0.5f;
   cdf = x < 0.0f ? half_tail : 1.0f - half_tail;
-  x_density = x * e * 0.39894228040143268f; // 1 / sqrt(2 pi)
+  x_density = x * e * 0.39894228040143268f;  // 1 / sqrt(2 pi)
 }
 
-void gelu_with_derivative(float *x, float *g, int64_t n) {
+void gelu_with_derivative(float* x, float* g, int64_t n) {
   int64_t j = 0;
   for (; j + W <= n; j += W) {
     const vec v = loadv(x + j);
@@ -322,97 +314,82 @@ void gelu_with_derivative(float *x, float *g, int64_t n) {
     storev(g + j, v * cdf);
     storev(x + j, cdf + x_density);
   }
-  if (j < n) { // the tail, through a zero-padded vector
+  if (j < n) {  // the tail, through a zero-padded vector
     vec v = {};
-    for (int64_t l = 0; l < n - j; ++l)
-      v[l] = x[j + l];
+    for (int64_t l = 0; l < n - j; ++l) v[l] = x[j + l];
     vec cdf, x_density;
     normal_cdf_and_density(v, cdf, x_density);
     const vec out = v * cdf, derivative = cdf + x_density;
-    for (int64_t l = 0; l < n - j; ++l)
-      g[j + l] = out[l], x[j + l] = derivative[l];
+    for (int64_t l = 0; l < n - j; ++l) g[j + l] = out[l], x[j + l] = derivative[l];
   }
 }
 
 // ---- attention of one (image, head) for short sequences ----
-// Below 64 tokens an sgemm call costs more than its product (the Fashion-MNIST
-// default: 17 tokens, 512 (image, head) pairs per block, four products each in
-// the backward). These kernels keep a query row's scores and the accumulators
-// of its output in registers instead: keys padded to KB blocks of 16, the head
-// dimension HB blocks of 16, both fixed at compile time. q, k, v are (N, hd)
-// row blocks with row stride `row` (3D: read in place from qkv). Swaps the
-// off-diagonal s x s blocks of the 2 x 2 block matrix whose rows are a and b,
-// lane by lane: lanes with bit s of a take b's lanes s lower, b's lanes without
-// bit s take a's s higher. Over s = W/2 .. 1 this transposes W rows.
+// Below 64 tokens an sgemm call costs more than its product (the Fashion-MNIST default: 17 tokens, 512 (image, head)
+// pairs per block, four products each in the backward). These kernels keep a query row's scores and the accumulators of
+// its output in registers instead: keys padded to KB blocks of 16, the head dimension HB blocks of 16, both fixed at
+// compile time. q, k, v are (N, hd) row blocks with row stride `row` (3D: read in place from qkv).
+
+// Swaps the off-diagonal s x s blocks of the 2 x 2 block matrix whose rows are a and b, lane by lane: lanes with bit s
+// of a take b's lanes s lower, b's lanes without bit s take a's s higher. Over s = W/2 .. 1 this transposes W rows.
 template <int s, int... L>
-VIT_INLINE void swap_blocks(vec &a, vec &b, std::integer_sequence<int, L...>) {
-  const vec a2 =
-      __builtin_shufflevector(a, b, ((L & s) != 0 ? W + L - s : L)...);
-  const vec b2 =
-      __builtin_shufflevector(a, b, ((L & s) != 0 ? W + L : L + s)...);
+VIT_INLINE void swap_blocks(vec& a, vec& b, std::integer_sequence<int, L...>) {
+  const vec a2 = __builtin_shufflevector(a, b, ((L & s) != 0 ? W + L - s : L)...);
+  const vec b2 = __builtin_shufflevector(a, b, ((L & s) != 0 ? W + L : L + s)...);
   a = a2, b = b2;
 }
 
-// rows[0..W) transposed in registers: log2 W stages of W two-source shuffles,
-// where a scalar transpose moves each of the W x W floats on its own (it was a
-// quarter of the short attention's forward). Lanes: W (a template parameter
-// only so that the stages this unit's width lacks are not instantiated).
-template <int Lanes = W> VIT_INLINE void transpose_tile(vec *rows) {
+// rows[0..W) transposed in registers: log2 W stages of W two-source shuffles, where a scalar transpose moves each of
+// the W x W floats on its own (it was a quarter of the short attention's forward). Lanes: W (a template parameter only
+// so that the stages this unit's width lacks are not instantiated).
+template <int Lanes = W>
+VIT_INLINE void transpose_tile(vec* rows) {
   constexpr auto lanes = std::make_integer_sequence<int, Lanes>{};
   auto stage = [&](auto block) {
     constexpr int s = decltype(block)::value;
 #pragma GCC unroll 16
     for (int i = 0; i < Lanes; ++i) {
-      if ((i & s) == 0)
-        swap_blocks<s>(rows[i], rows[i + s], lanes);
+      if ((i & s) == 0) swap_blocks<s>(rows[i], rows[i + s], lanes);
     }
   };
-  if constexpr (Lanes >= 16)
-    stage(std::integral_constant<int, 8>{});
-  if constexpr (Lanes >= 8)
-    stage(std::integral_constant<int, 4>{});
+  if constexpr (Lanes >= 16) stage(std::integral_constant<int, 8>{});
+  if constexpr (Lanes >= 8) stage(std::integral_constant<int, 4>{});
   stage(std::integral_constant<int, 2>{});
   stage(std::integral_constant<int, 1>{});
 }
 
-// dst (hd, 16 KB) = src (N, hd; row stride row) transposed, zero past N, tile
-// by tile of W x W.
+// dst (hd, 16 KB) = src (N, hd; row stride row) transposed, zero past N, tile by tile of W x W.
 template <int KB>
 VIT_INLINE void transpose_padded(const float* src, int64_t row, int64_t N, int64_t hd, float* dst) {
   constexpr int keys = 16 * KB;
   for (int64_t j0 = 0; j0 < keys; j0 += W) {
     for (int64_t d0 = 0; d0 < hd; d0 += W) {
-      vec tile[W];
+      // Aligned to its size: clang drops vec's aligned(4) in the templates below (their vec& is the canonical,
+      // naturally aligned vector type), so it may move the tile with aligned loads and stores.
+      alignas(sizeof(vec)) vec tile[W];
 #pragma GCC unroll 16
-      for (int j = 0; j < W; ++j)
-        tile[j] = j0 + j < N ? loadv(src + (j0 + j) * row + d0) : vec{};
+      for (int j = 0; j < W; ++j) tile[j] = j0 + j < N ? loadv(src + (j0 + j) * row + d0) : vec{};
       transpose_tile(tile);
 #pragma GCC unroll 16
-      for (int d = 0; d < W; ++d)
-        storev(dst + (d0 + d) * keys + j0, tile[d]);
+      for (int d = 0; d < W; ++d) storev(dst + (d0 + d) * keys + j0, tile[d]);
     }
   }
 }
 
-// Output row r (16 B floats at out + r out_row) = sum over n < count of
-// weights[r weight_row + n weight_stride] rows[n row_stride], for the R rows at
-// once: each row's sum is a chain of dependent multiply-adds, so R rows side by
-// side keep R times as many in flight (and load each of `rows` once for all R).
-// Each weight goes straight from memory into its multiply-add as a broadcast
-// operand (AVX-512's {1to16}): one instruction a multiply-add, no shuffle. The
-// shape of (scale q) k^T, p v, P^T dO, dO v^T, dS k and dS^T q.
+// Output row r (16 B floats at out + r out_row) = sum over n < count of weights[r weight_row + n weight_stride]
+// rows[n row_stride], for the R rows at once: each row's sum is a chain of dependent multiply-adds, so R rows side
+// by side keep R times as many in flight (and load each of `rows` once for all R). Each weight goes straight from
+// memory into its multiply-add as a broadcast operand (AVX-512's {1to16}): one instruction a multiply-add, no
+// shuffle. The shape of (scale q) k^T, p v, P^T dO, dO v^T, dS k and dS^T q.
 template <int B, int R>
-VIT_INLINE void weighted_rows(const float *weights, int64_t weight_stride,
-                              int64_t weight_row, const float *rows,
-                              int64_t row_stride, int64_t count, float *out,
-                              int64_t out_row) {
+VIT_INLINE void weighted_rows(const float* weights, int64_t weight_stride, int64_t weight_row, const float* rows,
+                              int64_t row_stride, int64_t count, float* out, int64_t out_row) {
   constexpr int V = B * 16 / W;
   vec acc[R][V];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int b = 0; b < V; ++b)
-      acc[r][b] = vec{};
+    for (int b = 0; b < V; ++b) acc[r][b] = vec{};
   }
   for (int64_t n = 0; n < count; ++n) {
     vec x[V];
@@ -432,36 +409,28 @@ VIT_INLINE void weighted_rows(const float *weights, int64_t weight_stride,
   }
 }
 
-// weighted_rows for `out_rows` output rows, R at a time, then what remains in
-// halves. R: as many rows as half the unit's vector registers hold as
-// accumulators, at most 8. Two FMA ports of 4 cycles' latency need 8
-// independent chains to stay busy; with 4 (the earlier cap) and the weights
-// scaled and shuffled apart from their multiply-adds, the attention's products
-// ran at about a sixth of the core's float32 rate.
+// weighted_rows for `out_rows` output rows, R at a time, then what remains in halves. R: as many rows as half the
+// unit's vector registers hold as accumulators, at most 8. Two FMA ports of 4 cycles' latency need 8 independent chains
+// to stay busy; with 4 (the earlier cap) and the weights scaled and shuffled apart from their multiply-adds, the
+// attention's products ran at about a sixth of the core's float32 rate.
 template <int B>
-VIT_INLINE void weighted_rows(int64_t out_rows, const float *weights,
-                              int64_t weight_stride, int64_t weight_row,
-                              const float *rows, int64_t row_stride,
-                              int64_t count, float *out, int64_t out_row) {
+VIT_INLINE void weighted_rows(int64_t out_rows, const float* weights, int64_t weight_stride, int64_t weight_row,
+                              const float* rows, int64_t row_stride, int64_t count, float* out, int64_t out_row) {
   constexpr int V = B * 16 / W, registers = W == 16 ? 16 : 8;
   constexpr int R = std::clamp(registers / V, 1, 8);
-#define VIT_ROWS(S)                                                            \
-  weighted_rows<B, S>(weights + r * weight_row, weight_stride, weight_row,     \
-                      rows, row_stride, count, out + r * out_row, out_row)
+#define VIT_ROWS(S)                                                                                                    \
+  weighted_rows<B, S>(weights + r * weight_row, weight_stride, weight_row, rows, row_stride, count, out + r * out_row, \
+                      out_row)
   int64_t r = 0;
-  for (; r + R <= out_rows; r += R)
-    VIT_ROWS(R);
+  for (; r + R <= out_rows; r += R) VIT_ROWS(R);
   if constexpr (R > 4) {
-    if (r + 4 <= out_rows)
-      VIT_ROWS(4), r += 4;
+    if (r + 4 <= out_rows) VIT_ROWS(4), r += 4;
   }
   if constexpr (R > 2) {
-    if (r + 2 <= out_rows)
-      VIT_ROWS(2), r += 2;
+    if (r + 2 <= out_rows) VIT_ROWS(2), r += 2;
   }
   if constexpr (R > 1) {
-    if (r < out_rows)
-      VIT_ROWS(1);
+    if (r < out_rows) VIT_ROWS(1);
   }
 #undef VIT_ROWS
 }
@@ -473,16 +442,13 @@ VIT_INLINE void short_attention_rows(const float* q, const float* k, const float
                                      float scale, int64_t count, float* p, float* out, int64_t ld, float* kT) {
   constexpr int hd = 16 * HB, keys = 16 * KB, V = keys / W;
   transpose_padded<KB>(k, row, N, hd, kT);
-  float scaled[64 * hd]; // (count, hd): timm's q * scale, rounded as it rounds
+  float scaled[64 * hd];  // (count, hd): timm's q * scale, rounded as it rounds
   for (int64_t i = 0; i < count; ++i) {
-    for (int b = 0; b < hd / W; ++b)
-      storev(scaled + i * hd + W * b, loadv(q + i * row + W * b) * scale);
+    for (int b = 0; b < hd / W; ++b) storev(scaled + i * hd + W * b, loadv(q + i * row + W * b) * scale);
   }
   float scores[64 * keys];  // (count, keys): count <= N <= 64 (short_attention_applies)
-  weighted_rows<KB>(count, scaled, 1, hd, kT, keys, hd, scores,
-                    keys); // (q * scale) @ k^T
-  // Softmax over the N real keys, in registers: the padding's lanes count as
-  // -inf in the max, then as 0.
+  weighted_rows<KB>(count, scaled, 1, hd, kT, keys, hd, scores, keys);  // (q * scale) @ k^T
+  // Softmax over the N real keys, in registers: the padding's lanes count as -inf in the max, then as 0.
   vec pad[V], keep[V];
   for (int b = 0; b < V; ++b) {
     for (int l = 0; l < W; ++l) {
@@ -521,10 +487,10 @@ VIT_INLINE void short_attention_backward_rows(const float* P, const float* dO, i
                                               const float* k, const float* v, int64_t row, int64_t N, float scale,
                                               float* dq, float* dk, float* dv, float* vT, float* ds) {
   constexpr int hd = 16 * HB, keys = 16 * KB;
-  weighted_rows<HB>(N, P, N, 1, dO, ld, N, dv, row); // dv_j = sum_i P_ij dO_i
+  weighted_rows<HB>(N, P, N, 1, dO, ld, N, dv, row);  // dv_j = sum_i P_ij dO_i
   transpose_padded<KB>(v, row, N, hd, vT);
-  weighted_rows<KB>(N, dO, 1, ld, vT, keys, hd, ds, keys); // dP_i = dO_i v^T
-  for (int64_t i = 0; i < N; ++i) {                               // dS_i = P_i (dP_i - P_i . dP_i)
+  weighted_rows<KB>(N, dO, 1, ld, vT, keys, hd, ds, keys);  // dP_i = dO_i v^T
+  for (int64_t i = 0; i < N; ++i) {                         // dS_i = P_i (dP_i - P_i . dP_i)
     float* di = ds + i * keys;
     const float* pi = P + i * N;
     float dot = 0.0f;
@@ -533,10 +499,8 @@ VIT_INLINE void short_attention_backward_rows(const float* P, const float* dO, i
 #pragma omp simd
     for (int64_t j = 0; j < N; ++j) di[j] = scale * pi[j] * (di[j] - dot);  // scale folded in: dq, dk need it
   }
-  weighted_rows<HB>(N, ds, 1, keys, k, row, N, dq,
-                    row); // scale sum_j dS_ij k_j
-  weighted_rows<HB>(N, ds, keys, 1, q, row, N, dk,
-                    row); // scale sum_i dS_ij q_i
+  weighted_rows<HB>(N, ds, 1, keys, k, row, N, dq, row);  // scale sum_j dS_ij k_j
+  weighted_rows<HB>(N, ds, keys, 1, q, row, N, dk, row);  // scale sum_i dS_ij q_i
 }
 
 // CALL(KB, HB) with the block counts of N tokens and head dimension hd (short_attention_applies).
