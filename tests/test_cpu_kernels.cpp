@@ -492,36 +492,26 @@ TEST(RowKernels, EveryInstructionSetMatchesAten) {
     worst = std::max(worst, test::max_abs_diff(long_scores, expected_long));
     std::printf("row kernels, %s: max |diff| against ATen %.3g\n", k.isa, worst);
     EXPECT_LT(worst, 1e-4) << k.isa;
-    // GELU with its derivative over [-12, 12] (both tails, zero, and 1,001
-    // values: a partial last vector), against the erf GELU and its derivative
-    // in float64 through erfc (ATen's float GELU rounds the left tail to zero).
+    // GELU with its derivative over [-12, 12] (both tails, zero, and 1,001 values: a partial last vector), against the
+    // erf GELU and its derivative in float64 through erfc (ATen's float GELU rounds the left tail to zero).
     const auto gelu_in = torch::linspace(-12.0, 12.0, 1001);
     auto derivative = gelu_in.clone(), gelu_out = torch::empty_like(gelu_in);
-    k.gelu_with_derivative(derivative.data_ptr<float>(),
-                           gelu_out.data_ptr<float>(), gelu_in.numel());
+    k.gelu_with_derivative(derivative.data_ptr<float>(), gelu_out.data_ptr<float>(), gelu_in.numel());
     const auto x64 = gelu_in.to(torch::kFloat64);
     const auto cdf = 0.5 * torch::erfc(-x64 / std::sqrt(2.0));
     const auto expected_gelu = x64 * cdf;
-    const auto expected_derivative =
-        cdf + x64 * torch::exp(-0.5 * x64 * x64) / std::sqrt(2.0 * M_PI);
-    const double gelu_diff =
-        test::max_abs_diff(gelu_out.to(torch::kFloat64), expected_gelu);
-    const double derivative_diff =
-        test::max_abs_diff(derivative.to(torch::kFloat64), expected_derivative);
-    const double tail_relative =
-        ((gelu_out.to(torch::kFloat64) - expected_gelu).abs() /
-         expected_gelu.abs())
-            .masked_select(gelu_in.lt(-3.0))
-            .max()
-            .item<double>();
-    std::printf("gelu with derivative, %s: max |diff| %.3g (value), %.3g "
-                "(derivative); below -3 relative %.3g\n",
-                k.isa, gelu_diff, derivative_diff, tail_relative);
+    const auto expected_derivative = cdf + x64 * torch::exp(-0.5 * x64 * x64) / std::sqrt(2.0 * M_PI);
+    const double gelu_diff = test::max_abs_diff(gelu_out.to(torch::kFloat64), expected_gelu);
+    const double derivative_diff = test::max_abs_diff(derivative.to(torch::kFloat64), expected_derivative);
+    const double tail_relative = ((gelu_out.to(torch::kFloat64) - expected_gelu).abs() / expected_gelu.abs())
+                                     .masked_select(gelu_in.lt(-3.0))
+                                     .max()
+                                     .item<double>();
+    std::printf("gelu with derivative, %s: max |diff| %.3g (value), %.3g (derivative); below -3 relative %.3g\n", k.isa,
+                gelu_diff, derivative_diff, tail_relative);
     EXPECT_LT(gelu_diff, 1e-6) << k.isa;
     EXPECT_LT(derivative_diff, 1e-6) << k.isa;
-    EXPECT_LT(tail_relative, 0.05)
-        << k.isa; // A&S 7.1.26's relative error there: 3%; 1 + erf would give
-                  // 100%
+    EXPECT_LT(tail_relative, 0.05) << k.isa;  // A&S 7.1.26's relative error there: 3%; 1 + erf would give 100%
   }
 }
 

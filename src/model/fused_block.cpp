@@ -110,12 +110,10 @@ void mlp_activation_backward(const float* h, float* dg, float* dh, int64_t rows,
   activation_backward(gates, dgates, act);
 }
 
-// Whether training's forward takes the MLP's activation with its derivative
-// (RowKernels::gelu_with_derivative) and keeps the derivative where it would
-// keep fc1's output: a plain MLP with the erf GELU, the default. The backward
-// is then one multiply. LibTorch's gelu and gelu_backward (oneDNN's eltwise
-// kernel and ATen's) each evaluated the erf again: 7% of the Fashion-MNIST
-// default's training step.
+// Whether training's forward takes the MLP's activation with its derivative (RowKernels::gelu_with_derivative) and
+// keeps the derivative where it would keep fc1's output: a plain MLP with the erf GELU, the default. The backward is
+// then one multiply. LibTorch's gelu and gelu_backward (oneDNN's eltwise kernel and ATen's) each evaluated the erf
+// again: 7% of the Fashion-MNIST default's training step.
 bool gelu_with_derivative_applies(bool training, bool gated, Activation act) {
   return training && !gated && act == Activation::gelu;
 }
@@ -297,10 +295,9 @@ struct Temporary {
   torch::Tensor whole;
 };
 
-// What the backward reads, kept by a training forward. m (the MLP's output)
-// only with LayerScale; the products' inputs rounded to bfloat16 (xn1_16 ..
-// g16) only where they run in it. h: fc1's output, or where
-// gelu_with_derivative_applies the activation's derivative there.
+// What the backward reads, kept by a training forward. m (the MLP's output) only with LayerScale; the products' inputs
+// rounded to bfloat16 (xn1_16 .. g16) only where they run in it. h: fc1's output, or where gelu_with_derivative_applies
+// the activation's derivative there.
 struct Saved {
   torch::Tensor xn1, mean1, rstd1, qkv, probs, att, a, y, mean2, rstd2, xn2, h, g, m, xn1_16, att16, xn2_16, g16;
 };
@@ -485,8 +482,7 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
   // A plain MLP in inference on a packed fc1: its activation in fc1's kernel, over h in place (LibTorch's GELU on
   // the tile cost 5-7% of ViT-Ti/16's batch-1 latency).
   const bool act_in_fc1 = !training && !d.gated && products.packed(p.fc1_weight);
-  const bool with_derivative =
-      gelu_with_derivative_applies(training, d.gated, shape.act);
+  const bool with_derivative = gelu_with_derivative_applies(training, d.gated, shape.act);
   const std::vector<Step> region3{
       {true,
        [&](int64_t r0, int64_t r1) {
@@ -509,14 +505,11 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
          fc1_rows(d, p, products, r0, r1, rows_of(s.xn2, xn2_temp, r0, r1), rows_of(s.h, h_temp, r0, r1),
                   Products::row_of(s.xn2_16, r0), act_in_fc1 ? &shape.act : nullptr);
        }},
-      {!with_derivative, // LibTorch's activations spread over the threads
-                         // themselves; the row kernel does not
+      {!with_derivative,  // LibTorch's activations spread over the threads themselves; the row kernel does not
        [&](int64_t r0, int64_t r1) {
-         if (act_in_fc1)
-           return;
+         if (act_in_fc1) return;
          if (with_derivative) {
-           k.gelu_with_derivative(rows_of(s.h, h_temp, r0, r1), g_rows(r0, r1),
-                                  (r1 - r0) * d.hidden);
+           k.gelu_with_derivative(rows_of(s.h, h_temp, r0, r1), g_rows(r0, r1), (r1 - r0) * d.hidden);
            return;
          }
          mlp_activation(rows_of(s.h, h_temp, r0, r1), g_rows(r0, r1), r1 - r0, d.hidden, d.gated, shape.act);
@@ -634,8 +627,7 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
   const float* dout = grad_out.data_ptr<float>();
   auto full = [&](int64_t width) { return torch::empty({d.R, width}, options); };
   const Products products(p, shape.bf16, /*packed=*/false);
-  const bool with_derivative =
-      gelu_with_derivative_applies(/*training=*/true, d.gated, shape.act);
+  const bool with_derivative = gelu_with_derivative_applies(/*training=*/true, d.gated, shape.act);
 
   Partials dgamma1(d.D, options), dgamma2(d.D, options), dproj_bias(d.D, options), dfc1_bias(d.fc1, options),
       dfc2_bias(d.D, options), dnorm2_w(d.D, options), dnorm2_b(d.D, options), dnorm1_w(d.D, options),
@@ -671,12 +663,10 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
        }},
       {!with_derivative,
        [&](int64_t r0, int64_t r1) {
-         if (with_derivative) { // dh = dg act'(h), in place (dh is dg), the
-                                // derivative kept by the forward
+         if (with_derivative) {  // dh = dg act'(h), in place (dh is dg), the derivative kept by the forward
            const int64_t count = (r1 - r0) * d.hidden;
            auto dh_rows = flat(dh_p + r0 * d.fc1, count);
-           at::mul_out(dh_rows, flat(dg_p + r0 * d.hidden, count),
-                       flat(s.h.data_ptr<float>() + r0 * d.fc1, count));
+           at::mul_out(dh_rows, flat(dg_p + r0 * d.hidden, count), flat(s.h.data_ptr<float>() + r0 * d.fc1, count));
            return;
          }
          mlp_activation_backward(s.h.data_ptr<float>() + r0 * d.fc1, dg_p + r0 * d.hidden, dh_p + r0 * d.fc1, r1 - r0,
@@ -685,8 +675,7 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
       {false,
        [&](int64_t r0, int64_t r1) {
          float* dfc1_b = dfc1_bias.mine();
-         for (int64_t r = r0; r < r1; ++r)
-           k.add_row(dh_p + r * d.fc1, d.fc1, dfc1_b);
+         for (int64_t r = r0; r < r1; ++r) k.add_row(dh_p + r * d.fc1, d.fc1, dfc1_b);
        }},
       {true,
        [&](int64_t r0, int64_t r1) {

@@ -60,10 +60,9 @@ struct RowKernels {
   // (a NaN becomes the quiet NaN 0x7fc0), as c10::BFloat16 rounds.
   void (*round_bf16_row)(const float* x, int64_t n, uint16_t* out);
 
-  // GELU (erf form) for training, over n floats: g = x Phi(x), and over x in
-  // place its derivative Phi(x) + x phi(x), all the backward needs. One exp
-  // serves both; erf by Abramowitz and Stegun 7.1.26 (within 1.5e-7 of it).
-  void (*gelu_with_derivative)(float *x, float *g, int64_t n);
+  // GELU (erf form) for training, over n floats: g = x Phi(x), and over x in place its derivative Phi(x) + x phi(x),
+  // all the backward needs. One exp serves both; erf by Abramowitz and Stegun 7.1.26 (within 1.5e-7 of it).
+  void (*gelu_with_derivative)(float* x, float* g, int64_t n);
 };
 
 // The kernels for this CPU: AVX-512 (F, VL, BW, DQ) where it has them, else AVX2 + FMA, else the baseline.
