@@ -737,31 +737,56 @@ Gradients backward_pass(const torch::Tensor& x, const BlockParameters& p, const 
                                          dnorm1_b.mine());
                      }
                    }}});
+  // The weight gradients, dout^T in over the batch's rows. A pass by images adds each thread's share, over its own
+  // rows, into the thread's partial sum in the same region, where those rows were just computed, and sums the threads'
+  // partials after it: the Fashion-MNIST default's step 1.02-1.05x faster than with one product on all threads after
+  // the region (medians of paired runs). Otherwise each is one whole-batch product on every thread.
+  struct WeightGrad {
+    const torch::Tensor& weight;
+    const float* dout;
+    int64_t ld;
+    const uint16_t* dout16;
+    const torch::Tensor& in;
+    const uint16_t* in16;
+    torch::Tensor& grad;
+  };
+  Gradients grads;
+  const uint16_t* dh_rounded = at(dh16, 0);
+  std::vector<WeightGrad> weight_grads{
+      {p.fc2_weight, dm_p, d.D, at(dm16, 0), s.g, at(s.g16, 0), grads.fc2_weight},
+      {p.fc1_weight, dh_p, d.fc1, dh_rounded, s.xn2, at(s.xn2_16, 0), grads.fc1_weight},
+      {p.proj_weight, da_p, d.D, at(da16, 0), s.att, at(s.att16, 0), grads.proj_weight},
+      {p.qkv_weight, dqkv_p, 3 * d.D, at(dqkv16, 0), s.xn1, at(s.xn1_16, 0), grads.qkv_weight}};
+  if (d.gated) {
+    weight_grads.push_back({p.fc1v_weight, dh_p + d.hidden, d.fc1,
+                            dh_rounded == nullptr ? nullptr : dh_rounded + d.hidden, s.xn2, at(s.xn2_16, 0),
+                            grads.fc1v_weight});
+  }
   if (by_images(d, plan)) {
+    std::vector<Partials> partials;  // (threads, out x in), zeros; empty for a weight that needs no gradient
+    for (const auto& w : weight_grads) partials.emplace_back(w.weight.requires_grad() ? w.weight.numel() : 0, options);
     for_images(d, [&](int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
       run_range(plan, region1, r0, r1);
       attention_backward_pairs(d, k, scale, s, datt, dqkv, b0 * d.heads, b1 * d.heads);
       run_range(plan, region3, r0, r1);
+      for (size_t i = 0; i < weight_grads.size(); ++i) {
+        const auto& w = weight_grads[i];
+        if (!w.weight.requires_grad()) continue;
+        products.weight_grad_rows(r0, r1, w.dout, w.in, w.weight, w.ld, w.dout16, w.in16, 1.0f, partials[i].mine());
+      }
     });
+    for (size_t i = 0; i < weight_grads.size(); ++i) {
+      auto& w = weight_grads[i];
+      if (w.weight.requires_grad()) w.grad = partials[i].total().view(w.weight.sizes());
+    }
   } else {
     run_steps(d.R, plan, region1);
     at::parallel_for(0, d.B * d.heads, 1, [&](int64_t pair0, int64_t pair1) {
       attention_backward_pairs(d, k, scale, s, datt, dqkv, pair0, pair1);
     });
     run_steps(d.R, plan, region3);
+    for (const auto& w : weight_grads) w.grad = products.weight_grad(w.dout, w.in, w.weight, w.ld, w.dout16, w.in16);
   }
-
-  // The weight gradients, each a whole-batch product.
-  Gradients grads;
-  const uint16_t* dh_rounded = at(dh16, 0);
-  grads.fc2_weight = products.weight_grad(dm_p, s.g, p.fc2_weight, d.D, at(dm16, 0), at(s.g16, 0));
-  grads.fc1_weight = products.weight_grad(dh_p, s.xn2, p.fc1_weight, d.fc1, dh_rounded, at(s.xn2_16, 0));
-  if (d.gated) {
-    grads.fc1v_weight = products.weight_grad(dh_p + d.hidden, s.xn2, p.fc1v_weight, d.fc1,
-                                             dh_rounded == nullptr ? nullptr : dh_rounded + d.hidden, at(s.xn2_16, 0));
-  }
-  grads.proj_weight = products.weight_grad(da_p, s.att, p.proj_weight, d.D, at(da16, 0), at(s.att16, 0));
-  grads.qkv_weight = products.weight_grad(dqkv_p, s.xn1, p.qkv_weight, 3 * d.D, at(dqkv16, 0), at(s.xn1_16, 0));
 
   // A bias the block lacks had its partial sums computed all the same (cheaper than a branch per row).
   auto present = [](const torch::Tensor& parameter, const Partials& sums) {

@@ -4,8 +4,8 @@
 // each thread its own rows, one barrier before the attention). Rows are split over the threads for the layer norms and
 // the products (each thread runs its own single-threaded sgemm on its rows), (image, head) pairs for attention, whose
 // softmax stays in cache; layer norm is fused with the residual add, bias and activation run on a product's output
-// while it is still in cache, and the backward is written out (weight gradients as whole-batch products after the
-// regions).
+// while it is still in cache, and the backward is written out (weight gradients as each thread's product over its own
+// rows, summed after the region, where the images split evenly; otherwise as whole-batch products after the regions).
 //
 // It covers timm's pre-norm block with LayerNorm or RmsNorm, LayerScale or not, every bias present or not, the four
 // activations, a plain or gated (SwiGLU) MLP, rotary position embeddings (Eva's, given as a table) and stochastic

@@ -244,20 +244,26 @@ void Products::backward_rows(int64_t r0, int64_t r1, const float* dy, const torc
 torch::Tensor Products::weight_grad(const float* dout, const torch::Tensor& in, const torch::Tensor& weight, int64_t ld,
                                     const uint16_t* dout16, const uint16_t* in16) const {
   if (!weight.requires_grad()) return {};
-  const int64_t out_features = weight.size(0), in_features = weight.size(1), R = in.size(0);
+  auto grad = torch::empty(weight.sizes(), in.options());
+  weight_grad_rows(0, in.size(0), dout, in, weight, ld, dout16, in16, 0.0f, grad.data_ptr<float>());
+  return grad;
+}
+
+void Products::weight_grad_rows(int64_t r0, int64_t r1, const float* dout, const torch::Tensor& in,
+                                const torch::Tensor& weight, int64_t ld, const uint16_t* dout16, const uint16_t* in16,
+                                float beta, float* grad) const {
+  const int64_t out_features = weight.size(0), in_features = weight.size(1), rows = r1 - r0;
   if (ld == 0) ld = out_features;
-  auto grad = torch::empty({out_features, in_features}, in.options());
   if (rounded_.empty()) {
-    sgemm('T', 'N', out_features, in_features, R, 1.0f, dout, ld, in.data_ptr<float>(), in_features, 0.0f,
-          grad.data_ptr<float>(), in_features);
-    return grad;
+    sgemm('T', 'N', out_features, in_features, rows, 1.0f, dout + r0 * ld, ld, in.data_ptr<float>() + r0 * in_features,
+          in_features, beta, grad, in_features);
+    return;
   }
 #if VIT_WITH_DNNL
   TORCH_CHECK(dout16 != nullptr && in16 != nullptr, "fused block: a bfloat16 weight gradient without its rows");
-  gemm_bf16('T', 'N', out_features, in_features, R, 1.0f, dout16, ld, in16, in_features, 0.0f, grad.data_ptr<float>(),
-            in_features);
+  gemm_bf16('T', 'N', out_features, in_features, rows, 1.0f, dout16 + r0 * ld, ld, in16 + r0 * in_features, in_features,
+            beta, grad, in_features);
 #endif
-  return grad;
 }
 
 const uint16_t* Products::rounded(const torch::Tensor& weight) const {

@@ -65,6 +65,10 @@ class Products {
   // kept by the passes, dout16 (row stride ld) and in16. Undefined where the weight needs none.
   torch::Tensor weight_grad(const float* dout, const torch::Tensor& in, const torch::Tensor& weight, int64_t ld,
                             const uint16_t* dout16, const uint16_t* in16) const;
+  // The same product over rows [r0, r1) only: grad (out, in) = beta grad + dout[r0:r1]^T in[r0:r1], on the calling
+  // thread alone inside a parallel region. dout, in, dout16 and in16 are the whole batch's, as for weight_grad.
+  void weight_grad_rows(int64_t r0, int64_t r1, const float* dout, const torch::Tensor& in, const torch::Tensor& weight,
+                        int64_t ld, const uint16_t* dout16, const uint16_t* in16, float beta, float* grad) const;
 
  private:
   // The rounded copy of a weight of this pass (found by its data, which the views and detached copies share).
