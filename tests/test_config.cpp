@@ -136,6 +136,7 @@ const char* const kEveryKey = R"({
             "embed_norm_layer": "layernorm", "proj_bias": false, "num_kv_heads": [2, 4, 1],
             "rope_shift_coords": 0.5, "rope_jitter_coords": 1.5, "rope_rescale_coords": 2.0},
   "data": {"mean": [0.25], "std": [0.75], "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "squash", "crop_offset": "floor",
+           "eval_hflip": true,
            "format": "csv", "root": "r", "train_dir": "td", "val_dir": "vd", "test_dir": "sd", "train_csv": "t.csv",
            "val_csv": "v.csv", "test_csv": "s.csv", "train_shards": "t-{0..3}.tar", "val_shards": "v.tar",
            "test_shards": "s.txt", "shuffle_buffer": 50, "label_field": "y", "val_fraction": 0.2, "train_subset": 100, "val_subset": 50,

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 
 #include "data/image.h"
@@ -109,6 +110,38 @@ TEST(Predict, LogitsDoNotDependOnTheBatchSizeAndMatchOneForward) {
   const double diff = test::max_abs_diff(got, expected);
   std::cout << "predict vs forward: logits max |d| " << diff << "\n";
   EXPECT_LE(diff, 1e-6);
+}
+
+// eval_hflip (carried in the model file): an image and its mirror get the same logits, the mean of the two plain
+// passes' logits, which differ from either.
+TEST(Predict, EvalHflipScoresTheMeanOfAnImageAndItsMirror) {
+  test::TempDir dir;
+  cv::RNG rng(11);
+  cv::Mat image(32, 40, CV_8UC3);
+  rng.fill(image, cv::RNG::UNIFORM, 0, 256);
+  cv::Mat mirror;
+  cv::flip(image, mirror, /*flipCode=*/1);
+  const std::vector<std::string> paths{dir.file("image.png"), dir.file("mirror.png")};
+  ASSERT_TRUE(cv::imwrite(paths[0], image) && cv::imwrite(paths[1], mirror));
+  auto trained = tiny_model();
+  Preprocess preprocess;
+  preprocess.eval_hflip = true;
+  save_model(dir.file("model.safetensors"), trained.net, preprocess, trained.class_names);
+  auto model = load_model(dir.file("model.safetensors"));
+  ASSERT_TRUE(model.preprocess.eval_hflip) << "the model file carries eval_hflip";
+  const auto averaged = predict_images(model, paths, {/*topk=*/kClasses, /*batch_size=*/2, ImageLimits{}});
+  model.preprocess.eval_hflip = false;
+  const auto plain = predict_images(model, paths, {/*topk=*/kClasses, /*batch_size=*/2, ImageLimits{}});
+  ASSERT_TRUE(averaged[0].ok() && averaged[1].ok() && plain[0].ok() && plain[1].ok());
+  const auto a = torch::tensor(averaged[0].logits), b = torch::tensor(averaged[1].logits);
+  const auto mean = (torch::tensor(plain[0].logits) + torch::tensor(plain[1].logits)) / 2;
+  const double mirrored = test::max_abs_diff(a, b), to_mean = test::max_abs_diff(a, mean);
+  const double to_plain = test::max_abs_diff(a, torch::tensor(plain[0].logits));
+  std::cout << "eval_hflip: image vs mirror max |d| " << mirrored << ", vs the plain passes' mean " << to_mean
+            << ", vs the plain pass " << to_plain << "\n";
+  EXPECT_LE(mirrored, 1e-6);
+  EXPECT_LE(to_mean, 1e-5);
+  EXPECT_GT(to_plain, 1e-3) << "the mirror's pass changes the logits";
 }
 
 TEST(Predict, TopkIsSortedInRangeCappedAndTheSoftmaxOfTheLogits) {

@@ -294,7 +294,7 @@ void visit_model(Model& m, Visitor& v) {
 
 template <typename P, typename Visitor>
 void visit_preprocess(P& p, Visitor& v) {
-  VIT_VISIT_FIELDS(v, p, mean, std, interpolation, crop_pct, crop_mode, crop_offset);
+  VIT_VISIT_FIELDS(v, p, mean, std, interpolation, crop_pct, crop_mode, crop_offset, eval_hflip);
 }
 
 template <typename A, typename Visitor>
@@ -306,7 +306,7 @@ void visit_augment(A& a, Visitor& v) {
 
 template <typename D, typename Visitor>
 void visit_data(D& d, Visitor& v) {
-  visit_preprocess(d.preprocess, v);  // mean/std/interpolation/crop_pct/crop_mode/crop_offset sit directly under "data"
+  visit_preprocess(d.preprocess, v);  // mean/std/.../crop_offset/eval_hflip sit directly under "data"
   VIT_VISIT_FIELDS(v, d,
                    format, root, train_dir, val_dir, test_dir, train_csv, val_csv, test_csv, train_shards, val_shards,
                    test_shards, shuffle_buffer, label_field, val_fraction, train_subset, val_subset, classes,

@@ -55,6 +55,9 @@ struct Preprocess {
   double crop_pct = 1.0;                  // fraction of the resized image the centre crop keeps, (0, 1]
   CropMode crop_mode = CropMode::center;  // center: keep the aspect ratio (shorter side); squash: both sides
   CropOffset crop_offset = CropOffset::round;  // round: timm's; floor: a Hugging Face processor's
+  // Declared with the weights (model files carry it), so train's evaluations, `vit evaluate`, predict and serve all
+  // score the same way; an ONNX export holds the plain model.
+  bool eval_hflip = false;  // flip test-time augmentation: the mean of an image's and its mirror's logits
 };
 
 // The side a `size` crop is taken from: floor(size / crop_pct), as timm's eval transform computes it (with 1e-9 of

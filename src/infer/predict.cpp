@@ -23,7 +23,7 @@ std::vector<Prediction> classify(LoadedModel& model, const std::vector<PreparedI
   torch::Tensor input = stack_inputs(images);  // (B, C, H, W)
   if (!input.defined()) return batch;
   if (device.is_cuda()) input = input.pin_memory().to(device, /*non_blocking=*/true);
-  auto rows = predictions_from_logits(model.net->forward(input), topk);
+  auto rows = predictions_from_logits(eval_logits(model.net, input, model.preprocess.eval_hflip), topk);
   size_t row = 0;
   for (size_t i = 0; i < images.size(); ++i) {
     if (!images[i].ok()) continue;

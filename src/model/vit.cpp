@@ -311,6 +311,12 @@ void VisionTransformerImpl::set_bf16_products(bool on) {
   for (const auto& module : *blocks) module->as<Block>()->bf16_products = on;
 }
 
+torch::Tensor eval_logits(VisionTransformer& net, const torch::Tensor& images, bool hflip) {
+  auto logits = net->forward(images);
+  if (!hflip) return logits;
+  return logits.add_(net->forward(images.flip({-1}))).mul_(0.5);
+}
+
 int64_t count_parameters(const torch::nn::Module& module) {
   int64_t total = 0;
   for (const auto& p : module.parameters()) total += p.numel();

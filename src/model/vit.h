@@ -121,6 +121,10 @@ TORCH_MODULE(VisionTransformer);
 torch::Tensor resample_pos_embed(const torch::Tensor& pos_embed, int64_t old_h, int64_t old_w, int64_t new_h,
                                  int64_t new_w, int64_t num_prefix_tokens);
 
+// The logits evaluation and prediction score with: the model's, or with `hflip` (Preprocess::eval_hflip) the mean of
+// each image's and its horizontal mirror's, so that an image and its mirror get the same logits.
+torch::Tensor eval_logits(VisionTransformer& net, const torch::Tensor& images, bool hflip);
+
 // Counts parameters (all, trainable or not).
 int64_t count_parameters(const torch::nn::Module& module);
 

@@ -191,7 +191,9 @@ struct Server::Impl {
     // Logits and their softmax, as vit predict computes them (predictions_from_logits), on the batcher's thread; the
     // top-k is picked by the same rule (top_k) on the connection's thread.
     endpoint.run = [this](const torch::Tensor& inputs) {
-      const auto logits = model.net->forward(on_device(inputs)).to(torch::kCPU, torch::kFloat32).contiguous();
+      const auto logits = eval_logits(model.net, on_device(inputs), model.preprocess.eval_hflip)
+                              .to(torch::kCPU, torch::kFloat32)
+                              .contiguous();
       return std::vector<torch::Tensor>{logits, logits.softmax(-1).contiguous()};
     };
     endpoint.respond = [this, topk, logits](const std::vector<std::string>& names,

@@ -7,7 +7,7 @@
 namespace vit {
 
 EvalResult evaluate(VisionTransformer& net, Loader& loader, int64_t num_classes, const torch::Device& device,
-                    Communicator* comm, int64_t keep_mistakes, bool keep_predictions) {
+                    bool hflip, Communicator* comm, int64_t keep_mistakes, bool keep_predictions) {
   const bool was_training = net->is_training();
   net->eval();
   torch::NoGradGuard no_grad;
@@ -21,7 +21,7 @@ EvalResult evaluate(VisionTransformer& net, Loader& loader, int64_t num_classes,
   while (auto batch = loader.next()) {
     auto images = batch->images.to(device, /*non_blocking=*/true);
     auto labels = batch->labels.to(device, /*non_blocking=*/true);
-    auto logits = net->forward(images).to(torch::kFloat32);  // (B, K)
+    auto logits = eval_logits(net, images, hflip).to(torch::kFloat32);  // (B, K)
     loss_sum += torch::nn::functional::cross_entropy(
                     logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                     .item<double>();

@@ -36,10 +36,12 @@ struct EvalResult {
   std::vector<SamplePrediction> predictions;
 };
 
-// Runs the whole epoch-0 pass of `loader` through `net` in eval mode, without autograd. Metrics are summed over
-// ranks through `comm` (may be null for one process).
+// Runs the whole epoch-0 pass of `loader` through `net` in eval mode, without autograd, scoring eval_logits() (with
+// `hflip`: each image's and its mirror's mean). Metrics are summed over ranks through `comm` (may be null for one
+// process).
 EvalResult evaluate(VisionTransformer& net, Loader& loader, int64_t num_classes, const torch::Device& device,
-                    Communicator* comm = nullptr, int64_t keep_mistakes = 20, bool keep_predictions = false);
+                    bool hflip, Communicator* comm = nullptr, int64_t keep_mistakes = 20,
+                    bool keep_predictions = false);
 
 // Per-class precision and recall (percent) from a confusion matrix.
 std::vector<std::pair<double, double>> precision_recall(const torch::Tensor& confusion);

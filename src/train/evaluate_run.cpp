@@ -64,7 +64,8 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
       progress.advance(batch.images.size(0));
     };
     Loader loader(dataset, make_eval_transform(config->data, config->model), loader_options, count_batch);
-    auto result = evaluate(model.net, loader, model.config().num_classes, request.device, /*comm=*/nullptr,
+    auto result = evaluate(model.net, loader, model.config().num_classes, request.device, model.preprocess.eval_hflip,
+                           /*comm=*/nullptr,
                            /*keep_mistakes=*/20, request.predictions);
     progress.finish();
     nlohmann::json report =
@@ -73,6 +74,7 @@ EvaluateRun evaluate_sizes(LoadedModel& model, std::optional<Config> config, con
     report["split"] = request.split;
     report["img_size"] = {size[0], size[1]};
     report["precision"] = name_of(request.precision);
+    report["eval_hflip"] = model.preprocess.eval_hflip;
     if (!request.masked_heads.empty()) report["masked_heads"] = request.masked_heads;
     if (several) {
       char line[128];

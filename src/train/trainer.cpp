@@ -379,7 +379,7 @@ void Training::save_model_file(const std::string& name, Weights which) {
 EvalResult Training::evaluate_weights(const torch::Tensor& weights) {
   torch::NoGradGuard no_grad;
   ScopedWeights swap(optimizer_->params(), weights);
-  return evaluate(net_, *eval_loader_, num_classes_, device_, comm_.get());
+  return evaluate(net_, *eval_loader_, num_classes_, device_, config_.data.preprocess.eval_hflip, comm_.get());
 }
 
 void Training::diverged(const std::string& what, const std::string& where) const {
