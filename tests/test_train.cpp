@@ -226,6 +226,41 @@ TEST(TrainRun, WritesRunDirectoryAndLearns) {
   EXPECT_EQ(model.class_names, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}));
 }
 
+// data.eval_hflip: train's evaluations and `vit evaluate` score the same mirror-averaged logits (the same loss on
+// the same weights), which differ from the plain pass's; training itself is untouched by it.
+TEST(TrainRun, EvalHflipScoresTrainsEvaluationsAndEvaluateAlike) {
+  test::TempDir dir;
+  test::write_idx_dataset(dir.file("data"), 512, 64);
+  const auto config = write_config(dir.path(), dir.file("data"));
+  auto last_eval_loss = [&](const std::string& run) {
+    std::ifstream summary(run + "/summary.csv");
+    std::string line, last;
+    while (std::getline(summary, line)) last = line;
+    const auto from = last.find(',', last.find(',') + 1) + 1;  // epoch,train_loss,eval_loss,...
+    return std::stod(last.substr(from, last.find(',', from) - from));
+  };
+  std::map<bool, double> trained, evaluated;
+  for (const bool hflip : {false, true}) {
+    const std::string run = dir.file(hflip ? "hflip" : "plain");
+    const auto result = test::run_vit("train --config '" + config +
+                                      "' --set data.eval_hflip=" + (hflip ? "true" : "false") + " --out '" + run + "'");
+    ASSERT_EQ(result.status, 0) << result.errors;
+    const auto scored = test::run_vit("evaluate --checkpoint '" + run + "/last.safetensors' --split val --json");
+    ASSERT_EQ(scored.status, 0) << scored.errors;
+    const auto report = json::parse(scored.output);
+    EXPECT_EQ(report.at("eval_hflip"), hflip) << "last.safetensors carries eval_hflip";
+    trained[hflip] = last_eval_loss(run);
+    evaluated[hflip] = report.at("loss").get<double>();
+    std::cout << "eval_hflip " << hflip << ": train's eval loss " << trained[hflip] << ", vit evaluate's "
+              << evaluated[hflip] << "\n";
+    EXPECT_NEAR(evaluated[hflip], trained[hflip], 1e-6 * trained[hflip]);
+  }
+  EXPECT_TRUE(torch::equal(safetensors::read(dir.file("plain/last.safetensors")).tensor("head.weight"),
+                           safetensors::read(dir.file("hflip/last.safetensors")).tensor("head.weight")))
+      << "the same training either way";
+  EXPECT_GT(std::abs(trained[true] - trained[false]), 1e-4) << "the mirror's pass changes the loss";
+}
+
 class TrainResume : public ::testing::TestWithParam<int> {};
 
 TEST_P(TrainResume, ResumedRunEndsBitIdenticalToStraightRun) {
@@ -341,7 +376,7 @@ TEST(TrainErrors, ASecondRunOnTheSameDirectoryRefusesAndACrashedOneLeavesNoStuck
 TEST(TrainErrors, NanLossStopsWithClearErrorAndKeepsCheckpoint) {
   test::TempDir dir;
   test::write_idx_dataset(dir.file("data"), 128, 32);
-  const auto config = write_config(dir.path(), dir.file("data"), {{"epochs", 1}});
+  const auto config = write_config(dir.path(), dir.file("data"));
   // A model whose head is NaN: the very first loss is NaN.
   torch::manual_seed(3);
   auto model = tiny_model();

@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "io/snapshot.h"
 #include "util/fs.h"
+#include "util/log.h"
 
 namespace vit {
 namespace fs = std::filesystem;
@@ -200,6 +201,11 @@ std::vector<std::string> export_model(LoadedModel& model, const ExportRequest& r
   if (request.precision != Precision::fp32 && request.format != ExportFormat::vit) {
     throw std::invalid_argument(std::string("--precision ") + name_of(request.precision) +
                                 " is written by --format vit only; " + name_of(request.format) + " holds float32");
+  }
+  if (model.preprocess.eval_hflip && request.format != ExportFormat::vit) {
+    log::warn(
+        model.path + ": eval_hflip (flip test-time augmentation) is not part of a " + name_of(request.format) +
+        " export, which holds the plain model: average each image's and its mirror's logits to score as vit does");
   }
   switch (request.format) {
     case ExportFormat::vit: {

@@ -39,7 +39,7 @@ struct EmbeddedImage {
   std::string path;
   std::string error;       // why it has no row (names the path); "" when it has one
   int64_t row = -1;        // its row in every output; -1 when it failed
-  int64_t predicted = -1;  // top-1 class; -1 when it failed or the model has no head
+  int64_t predicted = -1;  // top-1 class of this pass (no eval_hflip mirror); -1 when it failed or has no head
   bool ok() const { return error.empty(); }
 };
 
