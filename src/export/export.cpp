@@ -203,9 +203,9 @@ std::vector<std::string> export_model(LoadedModel& model, const ExportRequest& r
                                 " is written by --format vit only; " + name_of(request.format) + " holds float32");
   }
   if (model.preprocess.eval_hflip && request.format != ExportFormat::vit) {
-    log::warn(
-        model.path + ": eval_hflip (flip test-time augmentation) is not part of a " + name_of(request.format) +
-        " export, which holds the plain model: average each image's and its mirror's logits to score as vit does");
+    log::warn(model.path + ": eval_hflip (flip test-time augmentation) is not part of the exported " +
+              name_of(request.format) + " model, which is the plain one: average each image's and its mirror's " +
+              "logits to score as vit does");
   }
   switch (request.format) {
     case ExportFormat::vit: {
