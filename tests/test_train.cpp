@@ -227,7 +227,8 @@ TEST(TrainRun, WritesRunDirectoryAndLearns) {
 }
 
 // data.eval_hflip: train's evaluations and `vit evaluate` score the same mirror-averaged logits (the same loss on
-// the same weights), which differ from the plain pass's; training itself is untouched by it.
+// the same weights), which differ from the plain pass's; training itself is untouched by it; `vit export` to another
+// format warns that the mirror is not part of it.
 TEST(TrainRun, EvalHflipScoresTrainsEvaluationsAndEvaluateAlike) {
   test::TempDir dir;
   test::write_idx_dataset(dir.file("data"), 512, 64);
@@ -254,6 +255,14 @@ TEST(TrainRun, EvalHflipScoresTrainsEvaluationsAndEvaluateAlike) {
     std::cout << "eval_hflip " << hflip << ": train's eval loss " << trained[hflip] << ", vit evaluate's "
               << evaluated[hflip] << "\n";
     EXPECT_NEAR(evaluated[hflip], trained[hflip], 1e-6 * trained[hflip]);
+    // An exported timm snapshot is the plain model, and vit export says so for a model that averages the mirror.
+    const auto exported =
+        test::run_vit("export --checkpoint '" + run + "/last.safetensors' --format timm --out '" + run + "-timm'");
+    ASSERT_EQ(exported.status, 0) << exported.errors;
+    EXPECT_EQ(exported.errors.find("eval_hflip (flip test-time augmentation) is not part of the exported timm model") !=
+                  std::string::npos,
+              hflip)
+        << exported.errors;
   }
   EXPECT_TRUE(torch::equal(safetensors::read(dir.file("plain/last.safetensors")).tensor("head.weight"),
                            safetensors::read(dir.file("hflip/last.safetensors")).tensor("head.weight")))
