@@ -56,7 +56,7 @@ struct Preprocess {
   CropMode crop_mode = CropMode::center;  // center: keep the aspect ratio (shorter side); squash: both sides
   CropOffset crop_offset = CropOffset::round;  // round: timm's; floor: a Hugging Face processor's
   // Declared with the weights (model files carry it), so train's evaluations, `vit evaluate`, predict and serve all
-  // score the same way; an ONNX export holds the plain model.
+  // score the same way; timm, Hugging Face and ONNX exports hold the plain model (vit export warns).
   bool eval_hflip = false;  // flip test-time augmentation: the mean of an image's and its mirror's logits
 };
 
