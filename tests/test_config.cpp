@@ -169,8 +169,10 @@ std::vector<std::string> leaf_keys(const json& j, const std::string& prefix = ""
 }
 
 // Keys that validate refuses beside others of the document above, with non-default values in a model they fit:
-// VisionTransformer's MLP form, Eva's post-norm blocks (no qk_norm, LayerScale or grouped-query attention).
-const char* const kOtherClassKeys = R"({"model": {"mlp_layer": "swiglu_packed", "act_layer": "silu"}})";
+// VisionTransformer's MLP form, patch dropping (no relative bias or rotary embeddings), Eva's post-norm blocks (no
+// qk_norm, LayerScale or grouped-query attention).
+const char* const kOtherClassKeys =
+    R"({"model": {"mlp_layer": "swiglu_packed", "act_layer": "silu", "patch_drop_rate": 0.25}})";
 const char* const kPostNormKeys = R"({"model": {"model_class": "eva", "use_post_norm": true}})";
 
 TEST(ConfigRoundTrip, EveryKeyWithANonDefaultValueSurvivesToJson) {

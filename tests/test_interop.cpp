@@ -456,9 +456,11 @@ TEST(Snapshot, RefusesPickleAndWhatWeLackByName) {
   EXPECT_NE(refusal("eps", R"({"architecture": "vit_small_patch16_224", "model_args": {"layer_norm_eps": 1e-05}})")
                 .find("model_args.layer_norm_eps = 1e-05 is not an option vit knows"),
             std::string::npos);
-  // timm's pos_drop_rate is a field: read, not passed over (it was, before vit had it).
+  // timm's pos_drop_rate and patch_drop_rate are fields: read, not passed over (they were, before vit had them).
   refusal("pos_drop", R"({"architecture": "vit_small_patch16_224", "model_args": {"pos_drop_rate": 0.1}})");
   EXPECT_EQ(read_snapshot(dir / "pos_drop").model.pos_drop_rate, 0.1);
+  refusal("patch_drop", R"({"architecture": "vit_small_patch16_224", "model_args": {"patch_drop_rate": 0.5}})");
+  EXPECT_EQ(read_snapshot(dir / "patch_drop").model.patch_drop_rate, 0.5);
   EXPECT_NE(refusal("hf_width", R"({"model_type": "vit", "hidden_size": [768]})")
                 .find("config.json: hidden_size: [768] is not an integer"),
             std::string::npos);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
+#include "config/validate.h"
 #include "export/export.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
@@ -222,6 +223,52 @@ TEST(ModelDropout, PosDropRateDropsTheTokensAndDropRateOnlyTheHead) {
   VisionTransformer net(head_only);
   net->train();
   EXPECT_GT(test::max_abs_diff(net->forward(x), net->forward(x)), 1e-6);  // the head's dropout
+}
+
+// timm's PatchDropout: in training, each image keeps its prefix tokens (class token, register) and 12 of its 16
+// patch tokens (rate 0.25), those that argsort(randn(B, 16)) puts first, as timm draws them; in evaluation, every
+// token.
+TEST(ModelDropout, PatchDropRateKeepsEachImagesPrefixAndTheFirstPatchesOfARandomOrder) {
+  auto config = tiny();  // 32x32 at patch 8: 16 patches
+  config.reg_tokens = 1;
+  config.patch_drop_rate = 0.25;
+  torch::manual_seed(5);
+  VisionTransformer net(config);
+  const auto x = torch::randn({4, 3, 32, 32});
+  const int64_t prefix = config.num_prefix_tokens(), B = 4, D = config.embed_dim;
+  Capture all, kept;
+  net->eval();
+  const auto full = net->forward_features(x, {}, &all);
+  EXPECT_EQ(full.sizes(), (std::vector<int64_t>{B, prefix + 16, D}));
+  net->train();
+  torch::manual_seed(9);
+  const auto tokens = net->forward_features(x, {}, &kept);
+  torch::manual_seed(9);
+  const auto order = torch::argsort(torch::randn({B, 16}), /*dim=*/int64_t{-1}).narrow(1, 0, 12);
+  ASSERT_EQ(kept.embed.sizes(), (std::vector<int64_t>{B, prefix + 12, D}));
+  EXPECT_EQ(tokens.sizes(), kept.embed.sizes());
+  for (int64_t b = 0; b < B; ++b) {
+    EXPECT_TRUE(torch::equal(kept.embed[b].narrow(0, 0, prefix), all.embed[b].narrow(0, 0, prefix))) << b;
+    for (int64_t i = 0; i < 12; ++i) {
+      const auto patch = order[b][i].item<int64_t>();
+      EXPECT_TRUE(torch::equal(kept.embed[b][prefix + i], all.embed[b][prefix + patch])) << b << " " << i;
+    }
+  }
+  EXPECT_FALSE(torch::equal(order[0], order[1]));  // each image its own draw
+  net->forward_head(tokens).sum().backward();
+  EXPECT_GT(net->patch_embed->proj->weight.grad().abs().sum().item<double>(), 0);
+  net->eval();
+  EXPECT_TRUE(torch::equal(net->forward_features(x), full));  // evaluation keeps every token
+
+  config.rel_pos_bias = true;
+  try {
+    validate(config, "c.json");
+    ADD_FAILURE() << "rel_pos_bias with patch_drop_rate accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("c.json: model.patch_drop_rate: cannot leave out patch tokens"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ModelFile, RoundTripIsBitIdenticalWithMetadata) {

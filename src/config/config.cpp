@@ -282,9 +282,9 @@ void visit_model(Model& m, Visitor& v) {
   v.size("img_size", m.img_h, m.img_w);
   VIT_VISIT_FIELDS(v, m, patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias,
                    class_token, reg_tokens, no_embed_class, pre_norm, global_pool, final_norm, fc_norm, qk_norm,
-                   act_layer, drop_rate, pos_drop_rate, attn_drop_rate, proj_drop_rate, drop_path_rate, init_values,
-                   layer_norm_eps, rel_pos_bias, attn_pool_num_heads, attn_pool_mlp_ratio, model_class, use_abs_pos_emb,
-                   use_rot_pos_emb, rope_type, rope_temperature, rope_grid_offset, rope_grid_indexing,
+                   act_layer, drop_rate, pos_drop_rate, patch_drop_rate, attn_drop_rate, proj_drop_rate, drop_path_rate,
+                   init_values, layer_norm_eps, rel_pos_bias, attn_pool_num_heads, attn_pool_mlp_ratio, model_class,
+                   use_abs_pos_emb, use_rot_pos_emb, rope_type, rope_temperature, rope_grid_offset, rope_grid_indexing,
                    rope_rotate_half);
   v.size("ref_feat_shape", m.ref_feat_h, m.ref_feat_w);
   VIT_VISIT_FIELDS(v, m, attn_type, qkv_fused, swiglu_mlp, swiglu_align_to, scale_mlp, scale_attn_inner,

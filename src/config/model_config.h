@@ -80,6 +80,8 @@ struct ModelConfig {
   Activation act_layer = Activation::gelu;  // MLP activation (also attn_pool's MLP)
   double drop_rate = 0.0;        // dropout before the head
   double pos_drop_rate = 0.0;    // dropout on the tokens after the position embedding (timm's pos_drop)
+  double patch_drop_rate = 0.0;  // training only: this fraction of each image's patch tokens left out after the
+                                 // position embedding, prefix tokens kept (timm's PatchDropout)
   double attn_drop_rate = 0.0;   // dropout on attention probabilities
   double proj_drop_rate = 0.0;   // dropout after attention/MLP projections
   double drop_path_rate = 0.0;   // stochastic depth, linear from 0 to this over the blocks

@@ -124,6 +124,9 @@ void validate(const ModelConfig& m, const std::string& source) {
     check(m.rope_temperature > 0, source, VIT_MODEL_KEY(rope_temperature),
           num(m.rope_temperature) + " must be positive");
   }
+  // The relative bias and the rotary table are laid out over the whole grid, not over each image's kept tokens.
+  check(m.patch_drop_rate == 0 || (!m.rel_pos_bias && !m.use_rot_pos_emb), source, VIT_MODEL_KEY(patch_drop_rate),
+        "cannot leave out patch tokens with rel_pos_bias or rotary embeddings (their positions span the whole grid)");
   check((m.ref_feat_h == 0 && m.ref_feat_w == 0) ||
             (m.ref_feat_h > 0 && m.ref_feat_w > 0 && m.ref_feat_h <= kMaxImageSide && m.ref_feat_w <= kMaxImageSide),
         source, "model.ref_feat_shape", size_text(m.ref_feat_h, m.ref_feat_w) + " must be positive (or 0 for none)");

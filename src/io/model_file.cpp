@@ -265,9 +265,12 @@ ModelConfig run_model(const ModelConfig& trained, const std::optional<Config>& f
   ModelConfig probe = wanted;
   probe.preset = trained.preset;
   probe.img_h = trained.img_h, probe.img_w = trained.img_w;
-  probe.drop_rate = trained.drop_rate, probe.attn_drop_rate = trained.attn_drop_rate;
-  probe.proj_drop_rate = trained.proj_drop_rate, probe.drop_path_rate = trained.drop_path_rate;
-  if (to_json(probe) != to_json(trained)) return trained;  // a config for the data, not for this model
+  auto model_fields = [](const ModelConfig& m) {
+    json fields = to_json(m);
+    for (auto it = fields.begin(); it != fields.end();) it = is_dropout_rate(it.key()) ? fields.erase(it) : ++it;
+    return fields;
+  };
+  if (model_fields(probe) != model_fields(trained)) return trained;  // a config for the data, not for this model
   ModelConfig out = trained;
   out.img_h = wanted.img_h, out.img_w = wanted.img_w;
   return out;

@@ -98,8 +98,8 @@ void apply_timm_model_args(const json& args, ModelConfig& m, const std::string& 
 
   // Options that do not change the weights or the inference result. dynamic_img_size: vit runs every size divisible
   // by the patch, resampling the position embedding as timm's dynamic_img_size does.
-  const std::set<std::string> harmless = {
-      "weight_init", "fix_init", "patch_drop_rate", "pretrained_cfg_overlay", "dynamic_img_size", "head_init_scale"};
+  const std::set<std::string> harmless = {"weight_init", "fix_init", "pretrained_cfg_overlay", "dynamic_img_size",
+                                          "head_init_scale"};
   // The forms the architecture name gave (timm_lacks), which model_args may repeat but not change.
   const std::map<std::string, json> named = {
       {"norm_layer", name_of(m.norm_layer)},

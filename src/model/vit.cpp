@@ -119,6 +119,16 @@ torch::Tensor resample_pos_embed(const torch::Tensor& pos_embed, int64_t old_h, 
   return torch::cat({prefix, resized}, 1);
 }
 
+torch::Tensor drop_patches(const torch::Tensor& tokens, double rate, int64_t prefix) {
+  const int64_t B = tokens.size(0), patches = tokens.size(1) - prefix;
+  const auto keep = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(patches) * (1.0 - rate)));
+  const auto order =
+      torch::argsort(torch::randn({B, patches}, tokens.options().dtype(torch::kFloat)), /*dim=*/int64_t{-1});
+  const auto index = order.narrow(1, 0, keep).unsqueeze(-1).expand({-1, -1, tokens.size(2)});
+  auto kept = tokens.narrow(1, prefix, patches).gather(1, index);
+  return prefix > 0 ? torch::cat(std::vector<torch::Tensor>{tokens.narrow(1, 0, prefix), kept}, 1) : kept;
+}
+
 torch::Tensor VisionTransformerImpl::pos_embed_for(int64_t grid_h, int64_t grid_w) {
   if (!pos_embed.defined()) return {};
   return resample_pos_embed(pos_embed, config_.grid_h(), config_.grid_w(), grid_h, grid_w, config_.pos_embed_prefix());
@@ -161,6 +171,11 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
     return rotary.defined() && config_.rope_type == RopeType::mixed ? rotary[block] : rotary;
   };
   if (config_.pos_drop_rate > 0.0 && is_training()) tokens = torch::dropout(tokens, config_.pos_drop_rate, true);
+  if (config_.patch_drop_rate > 0.0 && is_training()) {
+    if (mask.defined())
+      throw std::invalid_argument("an attention mask needs every token: patch_drop_rate leaves some out");
+    tokens = drop_patches(tokens, config_.patch_drop_rate, config_.num_prefix_tokens());
+  }
   if (norm_pre) tokens = norm_pre->forward(tokens);
   if (capture != nullptr) capture->embed = tokens;
 
