@@ -38,6 +38,17 @@ TEST(ModelPresets, ParameterCountsEqualTimm) {
   EXPECT_NEAR(static_cast<double>(forward_macs(model_preset("vit_base_patch16_224"))) / 1e9, 17.57, 0.01);
 }
 
+// Training's forward with patch_drop_rate runs the blocks on the patch tokens it keeps: its MACs are the forward's on
+// a grid of that many patches, plus the embedding of the patches left out (every patch is embedded first).
+TEST(ModelPresets, TrainingMacsCountTheTokensPatchDropRateKeeps) {
+  auto m = tiny();  // 32x32 at patch 8: 16 patches
+  EXPECT_EQ(forward_macs(m, 0, 0, /*training=*/true), forward_macs(m));
+  m.patch_drop_rate = 0.5;                           // 8 of the 16 kept
+  EXPECT_EQ(forward_macs(m), forward_macs(tiny()));  // evaluation: every token
+  const int64_t embed_per_patch = m.embed_dim * m.in_chans * m.patch_size * m.patch_size;
+  EXPECT_EQ(forward_macs(m, 0, 0, /*training=*/true), forward_macs(m, 32, 16) + 8 * embed_per_patch);
+}
+
 TEST(ModelNames, StateDictKeysAreTimms) {
   auto config = tiny();
   config.init_values = 1e-5;

@@ -221,7 +221,9 @@ BenchResult run_bench(VisionTransformer& net, const BenchOptions& options) {
     result.train_img_per_s = static_cast<double>(B * options.steps) / sum(seconds);
     result.step_ms_p50 = percentile(seconds, 50) * 1e3;
     result.step_ms_p95 = percentile(seconds, 95) * 1e3;
-    result.train_gflops = 6.0 * macs * result.train_img_per_s / 1e9;  // forward + 2x backward, 2 FLOPs per MAC
+    // Forward + 2x backward, 2 FLOPs per MAC, on the tokens training keeps (model.patch_drop_rate).
+    const auto train_macs = static_cast<double>(forward_macs(model_config, 0, 0, /*training=*/true));
+    result.train_gflops = 6.0 * train_macs * result.train_img_per_s / 1e9;
   }
 
   if (options.mode != "train") {

@@ -1,6 +1,7 @@
 // The model's own configuration: what a Vision Transformer is built from, and all the model layer sees of the config.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -129,6 +130,12 @@ struct ModelConfig {
   int64_t head_dim() const { return embed_dim / num_heads; }
   // Tokens before the patches: the class token, then the register tokens.
   int64_t num_prefix_tokens() const { return (class_token ? 1 : 0) + reg_tokens; }
+  // The patch tokens an image keeps in training, of `patches`: timm's PatchDropout keeps max(1, int(patches * (1 -
+  // patch_drop_rate))); evaluation keeps every one.
+  int64_t patches_kept_in_training(int64_t patches) const {
+    if (patch_drop_rate <= 0) return patches;
+    return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(patches) * (1.0 - patch_drop_rate)));
+  }
   // Rows of pos_embed that belong to prefix tokens (none with no_embed_class).
   int64_t pos_embed_prefix() const { return no_embed_class ? 0 : num_prefix_tokens(); }
   // Whether the final norm sits after pooling (fc_norm) rather than on every token (norm): timm's use_fc_norm.

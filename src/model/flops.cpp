@@ -4,11 +4,12 @@
 
 namespace vit {
 
-std::vector<LayerCost> layer_costs(const ModelConfig& m, int64_t input_h, int64_t input_w) {
+std::vector<LayerCost> layer_costs(const ModelConfig& m, int64_t input_h, int64_t input_w, bool training) {
   const int64_t trained_patches = m.grid_h() * m.grid_w();  // the position embedding's rows (its parameters)
   const int64_t patches = input_h > 0 && input_w > 0 ? (input_h / m.patch_size) * (input_w / m.patch_size)
                                                      : trained_patches;
-  const int64_t N = patches + m.num_prefix_tokens();
+  const int64_t kept = training ? m.patches_kept_in_training(patches) : patches;  // the patch tokens the blocks see
+  const int64_t N = kept + m.num_prefix_tokens();
   const int64_t D = m.embed_dim;
   const int64_t hidden = m.mlp_hidden();
   const int64_t P = m.patch_size;
@@ -22,7 +23,8 @@ std::vector<LayerCost> layer_costs(const ModelConfig& m, int64_t input_h, int64_
         {"patch_embed.norm", shape(patches, D), (*m.embed_norm_layer == NormLayer::layernorm ? 2 : 1) * D, 0});
   }
   const int64_t pos_rows = m.use_abs_pos_emb ? trained_patches + m.pos_embed_prefix() : 0;
-  costs.push_back({"pos_embed", shape(N, D), pos_rows * D + m.num_prefix_tokens() * D, 0});
+  costs.push_back(
+      {"pos_embed", shape(patches + m.num_prefix_tokens(), D), pos_rows * D + m.num_prefix_tokens() * D, 0});
   if (m.use_rot_pos_emb && m.rope_type == RopeType::mixed) {
     costs.push_back({"rope.freqs", shape(m.num_heads, patches), 2 * m.depth * m.num_heads * (m.head_dim() / 2), 0});
   }
@@ -59,7 +61,7 @@ std::vector<LayerCost> layer_costs(const ModelConfig& m, int64_t input_h, int64_
   }
   if (m.final_norm && !m.use_fc_norm()) costs.push_back({"norm", shape(N, D), norm * D, 0});
   if (m.global_pool == GlobalPool::map) {
-    const int64_t Np = patches + (m.pool_includes_prefix() ? m.num_prefix_tokens() : 0);  // the tokens it attends
+    const int64_t Np = kept + (m.pool_includes_prefix() ? m.num_prefix_tokens() : 0);  // the tokens it attends
     costs.push_back({"attn_pool.latent+q", shape(1, D), D + D * D + D, D * D});
     costs.push_back({"attn_pool.kv", shape(Np, 2 * D), 2 * D * D + 2 * D, Np * D * 2 * D});
     costs.push_back({"attn_pool.matmuls", shape(m.pool_heads(), Np), 0, 2 * Np * D});
@@ -73,9 +75,9 @@ std::vector<LayerCost> layer_costs(const ModelConfig& m, int64_t input_h, int64_
   return costs;
 }
 
-int64_t forward_macs(const ModelConfig& model, int64_t input_h, int64_t input_w) {
+int64_t forward_macs(const ModelConfig& model, int64_t input_h, int64_t input_w, bool training) {
   int64_t total = 0;
-  for (const auto& c : layer_costs(model, input_h, input_w)) total += c.macs;
+  for (const auto& c : layer_costs(model, input_h, input_w, training)) total += c.macs;
   return total;
 }
 

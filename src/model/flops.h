@@ -19,8 +19,11 @@ struct LayerCost {
 
 // Per-layer costs for one image at the model's own size (grid_h x grid_w), or at input_h x input_w (another grid,
 // as timm's dynamic_img_size runs it: outputs and MACs at that size, parameters those of the model as built).
-std::vector<LayerCost> layer_costs(const ModelConfig& model, int64_t input_h = 0, int64_t input_w = 0);
-// Sum of layer_costs' MACs; a training step costs about 3x the forward FLOPs (forward + 2x backward).
-int64_t forward_macs(const ModelConfig& model, int64_t input_h = 0, int64_t input_w = 0);
+// training: the forward as training runs it, on the patch tokens patch_drop_rate keeps after the position embedding.
+std::vector<LayerCost> layer_costs(const ModelConfig& model, int64_t input_h = 0, int64_t input_w = 0,
+                                   bool training = false);
+// Sum of layer_costs' MACs; a training step costs about 3x the forward FLOPs of training's forward (forward + 2x
+// backward).
+int64_t forward_macs(const ModelConfig& model, int64_t input_h = 0, int64_t input_w = 0, bool training = false);
 
 }  // namespace vit

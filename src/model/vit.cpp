@@ -119,13 +119,12 @@ torch::Tensor resample_pos_embed(const torch::Tensor& pos_embed, int64_t old_h, 
   return torch::cat({prefix, resized}, 1);
 }
 
-torch::Tensor drop_patches(const torch::Tensor& tokens, double rate, int64_t prefix) {
+torch::Tensor drop_patches(const torch::Tensor& tokens, int64_t keep, int64_t prefix) {
   const int64_t B = tokens.size(0), patches = tokens.size(1) - prefix;
-  const auto keep = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(patches) * (1.0 - rate)));
-  const auto order =
+  const auto order =  // (B, patches): timm's draw, one random order per image
       torch::argsort(torch::randn({B, patches}, tokens.options().dtype(torch::kFloat)), /*dim=*/int64_t{-1});
-  const auto index = order.narrow(1, 0, keep).unsqueeze(-1).expand({-1, -1, tokens.size(2)});
-  auto kept = tokens.narrow(1, prefix, patches).gather(1, index);
+  const auto index = order.narrow(1, 0, keep).unsqueeze(-1).expand({-1, -1, tokens.size(2)});  // (B, keep, D)
+  auto kept = tokens.narrow(1, prefix, patches).gather(1, index);                              // (B, keep, D)
   return prefix > 0 ? torch::cat(std::vector<torch::Tensor>{tokens.narrow(1, 0, prefix), kept}, 1) : kept;
 }
 
@@ -174,7 +173,8 @@ torch::Tensor VisionTransformerImpl::forward_features(const torch::Tensor& x, co
   if (config_.patch_drop_rate > 0.0 && is_training()) {
     if (mask.defined())
       throw std::invalid_argument("an attention mask needs every token: patch_drop_rate leaves some out");
-    tokens = drop_patches(tokens, config_.patch_drop_rate, config_.num_prefix_tokens());
+    const int64_t prefix = config_.num_prefix_tokens();
+    tokens = drop_patches(tokens, config_.patches_kept_in_training(tokens.size(1) - prefix), prefix);
   }
   if (norm_pre) tokens = norm_pre->forward(tokens);
   if (capture != nullptr) capture->embed = tokens;

@@ -122,8 +122,8 @@ torch::Tensor resample_pos_embed(const torch::Tensor& pos_embed, int64_t old_h, 
                                  int64_t new_w, int64_t num_prefix_tokens);
 
 // timm's PatchDropout (ordered false): keeps the first `prefix` tokens of (B, N, D) `tokens` and, of the patch tokens
-// after them, a random max(1, int(patches * (1 - rate))) for each image, in random order.
-torch::Tensor drop_patches(const torch::Tensor& tokens, double rate, int64_t prefix);
+// after them, a random `keep` for each image (ModelConfig::patches_kept_in_training), in random order.
+torch::Tensor drop_patches(const torch::Tensor& tokens, int64_t keep, int64_t prefix);
 
 // The logits evaluation and prediction score with: the model's, or with `hflip` (Preprocess::eval_hflip) the mean of
 // each image's and its horizontal mirror's, so that an image and its mirror get the same logits.
