@@ -226,6 +226,11 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
 
 bool cpu_kernels_available() { return find_sgemm() != nullptr; }
 
+const char* sgemm_library() {
+  if (find_sgemm() == nullptr) return "none";
+  return find_sgemm() == &sgemm_through_fortran ? "MKL" : "oneDNN";
+}
+
 void sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const int status = find_sgemm()(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

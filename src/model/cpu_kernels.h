@@ -22,6 +22,9 @@ bool cpu_kernels_available();
 // OpenCV pull it in).
 bool mkl_blas_loaded();
 
+// Whose sgemm the fast path runs: "MKL" (PyTorch's wheel), "oneDNN" (Debian's libtorch), or "none" (ATen's matmul).
+const char* sgemm_library();
+
 // Row-major C (M, N) = alpha op(A) op(B) + beta C through the sgemm found above (cpu_kernels_available() must be
 // true); op 'N' or 'T'. Inside a parallel region it runs on the calling thread only.
 void sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

@@ -3,6 +3,7 @@
 
 #include <dnnl.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -45,19 +46,21 @@ struct DnnlMatmul::State {
   int64_t N, K;
   std::vector<char> weight;  // (N, K) row-major: the (K, N) matrix oneDNN reads in layout "ba" (int8, bf16)
   const void* weight_in_place = nullptr;  // f32's
-  std::vector<float> column_scales;       // int8: (N)
 
   struct Entry {
     dnnl::matmul matmul;
     dnnl::memory::desc scratchpad;
     dnnl::memory weights;  // the weight in the layout this primitive reads
+    std::string kernel;    // oneDNN's name for the implementation chosen
   };
   mutable std::mutex mutex;
   using Key = std::tuple<int64_t, bool, bool, int, float>;  // M, with bias, inside a parallel region, epilogue
   mutable std::map<Key, Entry> primitives;
   mutable std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed;  // the weight in each layout wanted
 
-  dt input_type() const { return type == MatmulType::int8 ? dt::s8 : type == MatmulType::bf16 ? dt::bf16 : dt::f32; }
+  dt input_type() const { return type == MatmulType::int8 ? dt::u8 : type == MatmulType::bf16 ? dt::bf16 : dt::f32; }
+  dt weight_type() const { return type == MatmulType::int8 ? dt::s8 : input_type(); }
+  dt output_type() const { return type == MatmulType::int8 ? dt::s32 : dt::f32; }
   const void* weight_data() const { return type == MatmulType::f32 ? weight_in_place : weight.data(); }
 
   // The primitive for M rows (made on first use); a copy of its handles, so callers need no lock.
@@ -67,11 +70,10 @@ struct DnnlMatmul::State {
     auto found = primitives.find(key);
     if (found != primitives.end()) return found->second;
     const dnnl::memory::desc src({M, K}, input_type(), tag::ab);
-    const dnnl::memory::desc weights({K, N}, input_type(), tag::any);
-    const dnnl::memory::desc dst({M, N}, dt::f32, tag::ab);
+    const dnnl::memory::desc weights({K, N}, weight_type(), tag::any);
+    const dnnl::memory::desc dst({M, N}, output_type(), tag::ab);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (type == MatmulType::int8) attr.set_output_scales(1 << 1, column_scales);  // one per column of C
     if (epilogue.kind != Epilogue::none) {
       if (type == MatmulType::int8) throw std::invalid_argument("DnnlMatmul: an epilogue on an int8 product");
       const auto algorithm = epilogue.kind == Epilogue::gelu_erf    ? dnnl::algorithm::eltwise_gelu_erf
@@ -90,27 +92,25 @@ struct DnnlMatmul::State {
     size_t index = 0;
     while (index < packed.size() && packed[index].first != wanted) ++index;
     if (index == packed.size()) {
-      dnnl::memory plain({{K, N}, input_type(), tag::ba}, cpu_engine(), const_cast<void*>(weight_data()));
+      dnnl::memory plain({{K, N}, weight_type(), tag::ba}, cpu_engine(), const_cast<void*>(weight_data()));
       dnnl::memory reordered(wanted, cpu_engine());
       dnnl::stream stream(cpu_engine());
       dnnl::reorder(plain, reordered).execute(stream, plain, reordered);
       stream.wait();
       packed.emplace_back(wanted, reordered);
     }
-    Entry made{dnnl::matmul(pd), pd.scratchpad_desc(), packed[index].second};
+    Entry made{dnnl::matmul(pd), pd.scratchpad_desc(), packed[index].second, pd.impl_info_str()};
     return primitives.emplace(key, std::move(made)).first->second;
   }
 };
 
-DnnlMatmul::DnnlMatmul(MatmulType type, int64_t N, int64_t K, const void* weight, const float* column_scales)
-    : state_(std::make_unique<State>()) {
+DnnlMatmul::DnnlMatmul(MatmulType type, int64_t N, int64_t K, const void* weight) : state_(std::make_unique<State>()) {
   auto& s = *state_;
   s.type = type, s.N = N, s.K = K;
   if (type == MatmulType::f32) {
     s.weight_in_place = weight;
     return;
   }
-  if (type == MatmulType::int8) s.column_scales.assign(column_scales, column_scales + N);
   const size_t bytes = static_cast<size_t>(N * K) * (type == MatmulType::int8 ? 1 : 2);
   s.weight.resize(bytes);
   std::memcpy(s.weight.data(), weight, bytes);
@@ -130,7 +130,7 @@ void DnnlMatmul::run(int64_t M, const void* a, void* c, const float* bias, bool 
   std::unordered_map<int, dnnl::memory> args{
       {DNNL_ARG_SRC, dnnl::memory({{M, s.K}, s.input_type(), tag::ab}, engine, const_cast<void*>(a))},
       {DNNL_ARG_WEIGHTS, entry.weights},
-      {DNNL_ARG_DST, dnnl::memory({{M, s.N}, dt::f32, tag::ab}, engine, c)},
+      {DNNL_ARG_DST, dnnl::memory({{M, s.N}, s.output_type(), tag::ab}, engine, c)},
       {DNNL_ARG_SCRATCHPAD, dnnl::memory(entry.scratchpad, engine, scratch.data())}};
   if (with_bias) {
     args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, s.N}, dt::f32, tag::ab}, engine, const_cast<float*>(bias)));
@@ -149,6 +149,50 @@ bool DnnlMatmul::f32_packing_available() {
     return std::string(pd.impl_info_str()).rfind("brg", 0) == 0;
   }();
   return available;
+}
+
+std::string dnnl_version_text() {
+  const auto* version = dnnl::version();
+  return std::to_string(version->major) + "." + std::to_string(version->minor) + "." + std::to_string(version->patch);
+}
+
+const char* dnnl_cpu_isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
+    case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "unknown";
+  }
+}
+
+bool dnnl_has_bf16() {
+  const auto isa = dnnl::get_effective_cpu_isa();
+  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+}
+
+bool dnnl_has_amx() { return dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx; }
+
+std::string DnnlMatmul::kernel(int64_t M) const { return state_->entry(M, false, false, {}).kernel; }
+
+bool int8_products_exact() {
+  static const bool exact = [] {
+    constexpr int64_t M = 8, K = 64, N = 32;
+    const std::vector<uint8_t> a(M * K, 255);
+    const std::vector<int8_t> w(N * K, 127);
+    std::vector<int32_t> c(M * N);
+    const DnnlMatmul matmul(MatmulType::int8, N, K, w.data());
+    if (matmul.kernel(M).rfind("brg", 0) != 0) return false;
+    matmul.run(M, a.data(), c.data(), nullptr);
+    return std::all_of(c.begin(), c.end(), [](int32_t value) { return value == 255 * 127 * K; });
+  }();
+  return exact;
 }
 
 namespace {

@@ -8,11 +8,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace vit {
 
 enum class MatmulType {
-  int8,  // A and W int8; C float32 = the int32 products times a scale per column
+  int8,  // A uint8, W int8, C int32: the exact products (where int8_products_exact())
   bf16,  // A and W bfloat16 (its 16 bits as uint16_t), C float32 (+ a float32 bias)
   f32,   // A, W and C float32 (+ a float32 bias); W read where it is, not copied: it must outlive the matmul
 };
@@ -24,26 +25,27 @@ struct Epilogue {
   float alpha = 0.0f;
 };
 
-// C (M, N) = A (M, K) W^T (x column_scales, + bias) for a weight W (N, K), row-major, fixed at construction (copied,
-// with the int8 column scales, except float32's). oneDNN chooses the kernel for this CPU (AMX, AVX-512 VNNI / BF16,
+// C (M, N) = A (M, K) W^T (+ bias) for a weight W (N, K), row-major, fixed at construction (copied, except float32's). oneDNN chooses the kernel for this CPU (AMX, AVX-512 VNNI / BF16,
 // ...; for float32 its brgemm kernels, where it has them: f32_packing_available()); the weight is reordered into the
 // layout that kernel reads once, and one primitive is kept per (M, bias or not, inside a parallel region or not,
 // epilogue).
 // run() may be called from several threads.
 class DnnlMatmul {
  public:
-  // column_scales: (N) float32 for int8, null for bf16.
-  DnnlMatmul(MatmulType type, int64_t N, int64_t K, const void* weight, const float* column_scales = nullptr);
+  DnnlMatmul(MatmulType type, int64_t N, int64_t K, const void* weight);
   ~DnnlMatmul();
   DnnlMatmul(const DnnlMatmul&) = delete;
   DnnlMatmul& operator=(const DnnlMatmul&) = delete;
 
-  // a: (M, K) int8, bf16 or float32; c: (M, N) float32; bias: (N) float32 or null (bf16 and f32 only: int8's bias is
-  // added after the caller's row scales). in_parallel_region: called inside an OpenMP parallel region, where the
+  // a: (M, K) uint8, bf16 or float32; c: (M, N) int32 (int8) or float32; bias: (N) float32 or null (bf16 and f32
+  // only: int8's bias is added after the caller's scales). in_parallel_region: called inside an OpenMP parallel region, where the
   // primitive runs on the calling thread alone (oneDNN fixes a primitive's split over threads when it is made).
   // epilogue: applied to C in the kernel (not with int8).
   void run(int64_t M, const void* a, void* c, const float* bias, bool in_parallel_region = false,
            Epilogue epilogue = {}) const;
+
+  // oneDNN's name for the kernel it runs M rows with (no bias, outside a parallel region): "brg:avx512_core_vnni", ...
+  std::string kernel(int64_t M) const;
 
   // Whether oneDNN has a brgemm kernel for float32 matmul on this CPU (AVX-512): packed float32 weights pay off only
   // there, and only its brgemm kernels are safe beside PyTorch's wheel (gemm_bf16's comment says why).
@@ -53,6 +55,22 @@ class DnnlMatmul {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// oneDNN's version, "2.6.3".
+std::string dnnl_version_text();
+
+// The instruction set oneDNN runs its kernels with in this process: the CPU's, capped by ONEDNN_MAX_CPU_ISA (or
+// DNNL_MAX_CPU_ISA), in oneDNN's words ("avx2", "avx512_core_vnni", "avx512_core_amx", ...).
+const char* dnnl_cpu_isa();
+// Whether oneDNN has bfloat16 products at that instruction set (AVX512_BF16 or AMX), and AMX's tiles.
+bool dnnl_has_bf16();
+bool dnnl_has_amx();
+// Whether oneDNN's int8 matmul (MatmulType::int8) multiplies uint8 by int8 exactly with full 8-bit weights here: its
+// kernel for this CPU and cap is a brgemm one (VNNI or AMX: no 16-bit intermediate), and a product whose pairs would
+// saturate a 16-bit sum (255 x 127 x 2) comes out exact. Probed once. Without VNNI, oneDNN's int8 goes through its
+// gemm kernels, which sum pairs in 16 bits (vpmaddubsw), and which in a process that also holds PyTorch's wheel do
+// not run right (prefer_brgemm, dnnl_matmul.cpp).
+bool int8_products_exact();
 
 // Row-major C (M, N) = alpha op(A) op(B) (+ bias) + beta C, as sgemm (model/cpu_kernels.h), with A and B bfloat16
 // (their 16 bits as uint16_t) and C float32: products accumulated in float32 by oneDNN's matmul (AMX or AVX512_BF16

@@ -1,11 +1,14 @@
 // int8 and bf16 linear layers on the CPU (model/precision.h): the products through oneDNN's matmul
-// (model/dnnl_matmul.h), the quantization of each row and the scaling back through the row kernels.
+// (model/dnnl_matmul.h) or vit's own int8 kernel, the quantization of each row and the way back through the row
+// kernels (model/row_kernels.h).
 #include "model/precision.h"
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -38,11 +41,15 @@ bool cpu_has(const char* feature) {
   return false;
 }
 
-[[maybe_unused]] bool cpu_has_bf16() { return cpu_has("avx512bf16") || cpu_has("amx-bf16"); }  // unused without oneDNN
-
 }  // namespace
 
-bool cpu_has_amx_bf16() { return cpu_has("amx-bf16"); }
+bool cpu_has_amx_bf16() {
+#if VIT_WITH_DNNL
+  return dnnl_has_amx();
+#else
+  return false;
+#endif
+}
 
 std::string cpu_precision_features() {
   std::string features;
@@ -63,31 +70,66 @@ std::string precision_refusal(Precision precision, torch::DeviceType device) {
     return {};
   }
   if (device != torch::kCPU) return "--precision " + name + " runs on the CPU or CUDA only";
-  if (precision == Precision::fp16) {
-    return "--precision fp16 is for CUDA; on the CPU use bf16 (or int8)";
-  }
-#if !VIT_WITH_DNNL
-  return "--precision " + name + " on the CPU needs oneDNN, which this vit was built without (install libdnnl-dev and "
-         "rebuild)";
-#else
+  if (precision == Precision::fp16) return "--precision fp16 is for CUDA; on the CPU use bf16 (or int8)";
   if (precision == Precision::bf16) {
     const auto refusal = cpu_bf16_refusal();
     if (!refusal.empty()) return "--precision bf16 " + refusal + "; use int8 or fp32";
   }
   return {};
-#endif
 }
 
 std::string cpu_bf16_refusal() {
 #if !VIT_WITH_DNNL
   return "needs oneDNN, which this vit was built without (install libdnnl-dev and rebuild)";
 #else
-  if (!cpu_has_bf16()) return "needs a CPU with AVX512_BF16 or AMX (this one has " + cpu_precision_features() + ")";
+  if (!dnnl_has_bf16()) {
+    return std::string("needs a CPU with AVX512_BF16 or AMX (oneDNN runs ") + dnnl_cpu_isa() + " here; the CPU has " +
+           cpu_precision_features() + ")";
+  }
   return {};
 #endif
 }
 
-std::pair<torch::Tensor, torch::Tensor> quantize_weight_int8(const torch::Tensor& weight) {
+const Int8Path& int8_path() {
+  static const Int8Path path = [] {
+    Int8Path chosen;
+#if VIT_WITH_DNNL
+    if (int8_products_exact()) {
+      chosen.onednn = true;
+      chosen.kernel = std::string("oneDNN ") + dnnl_cpu_isa();
+      return chosen;
+    }
+#endif
+    const auto& kernels = row_kernels();
+    chosen.weight_max = kernels.int8_pairs_in_16_bits ? 63 : 127;
+    chosen.kernel = std::string("vit ") + kernels.isa;
+    return chosen;
+  }();
+  return path;
+}
+
+std::string precision_kernel(Precision precision) {
+  const auto refusal = precision_refusal(precision, torch::kCPU);
+  if (!refusal.empty()) return refusal;
+  switch (precision) {
+    case Precision::int8: {
+      const auto& path = int8_path();
+      std::string text = path.kernel + " kernel, " + (path.weight_max == 127 ? "8" : "7") + "-bit weights";
+#if VIT_WITH_DNNL
+      if (!path.onednn) text += std::string(" (oneDNN ") + dnnl_cpu_isa() + " has no VNNI or AMX int8 kernel)";
+#else
+      if (!path.onednn) text += " (built without oneDNN)";
+#endif
+      return text;
+    }
+#if VIT_WITH_DNNL
+    case Precision::bf16: return std::string("oneDNN ") + dnnl_cpu_isa() + ", float32 accumulation";
+#endif
+    default: return "float32";
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> quantize_weight_int8(const torch::Tensor& weight, int max_level) {
   TORCH_CHECK(weight.dim() == 2, "quantize_weight_int8: weight must be (N, K), got ", weight.sizes());
   const auto w = weight.detach().to(torch::kCPU, torch::kFloat).contiguous();
   const int64_t N = w.size(0), K = w.size(1);
@@ -98,30 +140,27 @@ std::pair<torch::Tensor, torch::Tensor> quantize_weight_int8(const torch::Tensor
   int8_t* dst = q.data_ptr<int8_t>();
   float* scale = scales.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) scale[n] = kernels.quantize_row(src + n * K, K, dst + n * K);
+    for (int64_t n = begin; n < end; ++n) scale[n] = kernels.quantize_row(src + n * K, K, max_level, dst + n * K);
   });
   return {q, scales};
 }
 
-#if VIT_WITH_DNNL
-
-// Elements per thread below which the row passes (quantize, scale back) stay on the calling thread: a parallel region
-// costs microseconds, a vectorized pass over 128K floats about as much.
-constexpr int64_t kRowGrain = int64_t{1} << 17;
-
 struct PackedLinear::State {
   Precision precision;
   int64_t N = 0, K = 0;
-  torch::Tensor weight;  // (N, K) int8 or bf16: the copy weight_bytes counts (the matmul keeps its own)
-  torch::Tensor scales;  // int8: (N) float32
+  const void* source = nullptr;  // the float32 weight's data, for packs()
+  torch::Tensor weight;  // (N, K) int8 or bf16: the copy weight_bytes counts (oneDNN's matmul keeps its own)
   torch::Tensor bias;    // (N) float32 or undefined
-  std::unique_ptr<DnnlMatmul> matmul;
+  // int8
+  torch::Tensor scales;  // (N) float32
+  torch::Tensor colsum;  // (N) int32: each channel's sum of q, for the activations' zero points
+  torch::Tensor panels;  // vit's int8_linear: the weight packed (model/row_kernels.h)
+#if VIT_WITH_DNNL
+  std::unique_ptr<DnnlMatmul> matmul;  // oneDNN's int8 (int8_path().onednn) or bf16 product
+#endif
 
-  void make_matmul() {
-    const bool int8 = precision == Precision::int8;
-    matmul = std::make_unique<DnnlMatmul>(int8 ? MatmulType::int8 : MatmulType::bf16, N, K, weight.data_ptr(),
-                                          int8 ? scales.data_ptr<float>() : nullptr);
-  }
+  void forward_int8(const float* x, int64_t M, float* y, int64_t ld, const float* bias_or_null) const;
+  void rows_int8(const float* x, int64_t M, float* y, int64_t ld, const float* bias_or_null) const;
 };
 
 PackedLinear::PackedLinear(const torch::Tensor& weight, const torch::Tensor& bias, Precision precision)
@@ -130,16 +169,32 @@ PackedLinear::PackedLinear(const torch::Tensor& weight, const torch::Tensor& bia
   if (precision != Precision::int8 && precision != Precision::bf16) {
     throw std::invalid_argument(std::string("PackedLinear: precision ") + name_of(precision) + " is not int8 or bf16");
   }
+  if (const auto refusal = precision_refusal(precision, torch::kCPU); !refusal.empty()) {
+    throw std::invalid_argument(refusal);
+  }
   auto& s = *state_;
   s.precision = precision;
   s.N = weight.size(0), s.K = weight.size(1);
-  if (precision == Precision::int8) {
-    std::tie(s.weight, s.scales) = quantize_weight_int8(weight);
-  } else {
-    s.weight = weight.detach().to(torch::kCPU, torch::kBFloat16).contiguous();
-  }
+  s.source = weight.data_ptr();
   if (bias.defined()) s.bias = bias.detach().to(torch::kCPU, torch::kFloat).contiguous();
-  s.make_matmul();
+  if (precision == Precision::bf16) {
+    s.weight = weight.detach().to(torch::kCPU, torch::kBFloat16).contiguous();
+#if VIT_WITH_DNNL
+    s.matmul = std::make_unique<DnnlMatmul>(MatmulType::bf16, s.N, s.K, s.weight.data_ptr());
+#endif
+    return;
+  }
+  const auto& path = int8_path();
+  std::tie(s.weight, s.scales) = quantize_weight_int8(weight, path.weight_max);
+  s.colsum = torch::empty({s.N}, torch::kInt);
+  s.panels = torch::empty({int8_panels(s.N) * int8_k4(s.K) * kInt8PanelWidth}, torch::kChar);
+  pack_int8_weight(s.weight.data_ptr<int8_t>(), s.N, s.K, s.panels.data_ptr<int8_t>(), s.colsum.data_ptr<int32_t>());
+#if VIT_WITH_DNNL
+  if (path.onednn) {
+    s.matmul = std::make_unique<DnnlMatmul>(MatmulType::int8, s.N, s.K, s.weight.data_ptr());
+    s.panels = torch::Tensor();  // oneDNN keeps its own layout
+  }
+#endif
 }
 
 PackedLinear::~PackedLinear() = default;
@@ -149,9 +204,16 @@ Precision PackedLinear::precision() const { return state_->precision; }
 int64_t PackedLinear::weight_bytes() const {
   const auto& s = *state_;
   int64_t bytes = s.weight.numel() * static_cast<int64_t>(s.weight.element_size());
-  if (s.scales.defined()) bytes += s.scales.numel() * 4;
-  if (s.bias.defined()) bytes += s.bias.numel() * 4;
+  for (const auto* extra : {&s.scales, &s.colsum, &s.bias}) {
+    if (extra->defined()) bytes += extra->numel() * 4;
+  }
   return bytes;
+}
+
+bool PackedLinear::packs(const torch::Tensor& weight) const {
+  const auto& s = *state_;
+  return weight.defined() && weight.data_ptr() == s.source && weight.dim() == 2 && weight.size(0) == s.N &&
+         weight.size(1) == s.K;
 }
 
 torch::Tensor PackedLinear::forward(const torch::Tensor& x) const {
@@ -162,48 +224,85 @@ torch::Tensor PackedLinear::forward(const torch::Tensor& x) const {
   auto out_shape = x.sizes().vec();
   out_shape.back() = s.N;
   const auto rows = x.reshape({-1, s.K}).contiguous();
-  const int64_t M = rows.size(0), K = s.K, N = s.N;
-  auto out = torch::empty({M, N}, torch::kFloat);
+  const int64_t M = rows.size(0);
+  auto out = torch::empty({M, s.N}, torch::kFloat);
   if (M == 0) return out.view(out_shape);
-  if (s.precision == Precision::bf16) {
-    const auto input = rows.to(torch::kBFloat16);
-    s.matmul->run(M, input.data_ptr(), out.data_ptr(), s.bias.defined() ? s.bias.data_ptr<float>() : nullptr);
+  if (s.precision == Precision::int8) {
+    s.forward_int8(rows.data_ptr<float>(), M, out.data_ptr<float>(), s.N,
+                   s.bias.defined() ? s.bias.data_ptr<float>() : nullptr);
     return out.view(out_shape);
   }
-  // int8: each row quantized with its own scale; oneDNN scales the int32 products by the weight's column scales into
-  // float32, then each row by its own scale (and the bias is added) in place.
-  const auto& kernels = row_kernels();
-  auto input = torch::empty({M, K}, torch::kChar);
-  auto row_scales = torch::empty({M}, torch::kFloat);
-  const float* x_data = rows.data_ptr<float>();
-  int8_t* q = input.data_ptr<int8_t>();
-  float* rs = row_scales.data_ptr<float>();
-  at::parallel_for(0, M, std::max<int64_t>(1, kRowGrain / K), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) rs[r] = kernels.quantize_row(x_data + r * K, K, q + r * K);
-  });
-  float* y = out.data_ptr<float>();
-  s.matmul->run(M, q, y, nullptr);
-  const float* b = s.bias.defined() ? s.bias.data_ptr<float>() : nullptr;
-  at::parallel_for(0, M, std::max<int64_t>(1, kRowGrain / N), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) kernels.scale_row(y + r * N, N, rs[r], b);
-  });
+#if VIT_WITH_DNNL
+  const auto input = rows.to(torch::kBFloat16);
+  s.matmul->run(M, input.data_ptr(), out.data_ptr(), s.bias.defined() ? s.bias.data_ptr<float>() : nullptr);
+#endif
   return out.view(out_shape);
 }
 
-#else  // !VIT_WITH_DNNL
-
-struct PackedLinear::State {};
-
-PackedLinear::PackedLinear(const torch::Tensor&, const torch::Tensor&, Precision precision) {
-  throw std::invalid_argument(precision_refusal(precision, torch::kCPU));
-}
-PackedLinear::~PackedLinear() = default;
-Precision PackedLinear::precision() const { return Precision::fp32; }
-int64_t PackedLinear::weight_bytes() const { return 0; }
-torch::Tensor PackedLinear::forward(const torch::Tensor&) const {
-  throw std::logic_error("PackedLinear without oneDNN");
+void PackedLinear::forward_rows(const float* in, int64_t M, float* out, int64_t ld, const float* bias) const {
+  const auto& s = *state_;
+  TORCH_CHECK(s.precision == Precision::int8, "PackedLinear::forward_rows: int8 layers only");
+  if (M > 0) s.forward_int8(in, M, out, ld, bias);
 }
 
+// Rows of at most this many go through on the calling thread, inside a parallel region or not: a tile's worth of a
+// thread's rows in the fused block.
+constexpr int64_t kInt8ChunkRows = 128;
+
+// M rows, each quantized with its own scale and zero point, the products exact in int32, then back to float32 with
+// the weight's scales and the bias. Outside a parallel region chunks of rows go to the threads; inside one (the fused
+// block's) the calling thread takes them all.
+void PackedLinear::State::forward_int8(const float* x, int64_t M, float* y, int64_t ld, const float* bias_or_null) const {
+  if (at::in_parallel_region() || M <= kInt8ChunkRows / 4) {
+    for (int64_t r0 = 0; r0 < M; r0 += kInt8ChunkRows) {
+      rows_int8(x + r0 * K, std::min(kInt8ChunkRows, M - r0), y + r0 * ld, ld, bias_or_null);
+    }
+    return;
+  }
+  // Chunks, each quantized and multiplied by one thread: a row's activations stay in that thread's cache. Where there
+  // are fewer chunks than threads (batch 1's 197 rows, 2 threads), smaller ones.
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunk = std::min(kInt8ChunkRows, std::max<int64_t>(4, (M + threads - 1) / threads));
+  const int64_t chunks = (M + chunk - 1) / chunk;
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t r0 = c * chunk;
+      rows_int8(x + r0 * K, std::min(chunk, M - r0), y + r0 * ld, ld, bias_or_null);
+    }
+  });
+}
+
+// M <= kInt8ChunkRows rows on the calling thread, through its own scratch.
+void PackedLinear::State::rows_int8(const float* x, int64_t M, float* y, int64_t ld, const float* bias_or_null) const {
+  const auto& kernels = row_kernels();
+  // vit's int8_linear reads rows of K4 (the K4 - K padding zero), oneDNN's dense rows of K.
+  const int64_t lda = panels.defined() ? int8_k4(K) : K;
+  thread_local std::vector<uint8_t> q;
+  thread_local std::vector<int32_t> zero_points;
+  thread_local std::vector<float> row_scales;
+  if (q.size() < static_cast<size_t>(M * lda)) q.resize(M * lda);
+  if (zero_points.size() < static_cast<size_t>(M)) zero_points.resize(M), row_scales.resize(M);
+  for (int64_t r = 0; r < M; ++r) {
+    uint8_t* row = q.data() + r * lda;
+    row_scales[r] = kernels.quantize_row_u8(x + r * K, K, row, &zero_points[r]);
+    std::fill(row + K, row + lda, uint8_t{0});
+  }
+  Int8Weight w{panels.defined() ? panels.data_ptr<int8_t>() : nullptr, N, int8_k4(K), colsum.data_ptr<int32_t>(),
+               scales.data_ptr<float>(), bias_or_null};
+  if (panels.defined()) {
+    const Int8Rows a{q.data(), lda, M, zero_points.data(), row_scales.data()};
+    kernels.int8_linear(a, w, 0, int8_panels(N), y, ld);
+    return;
+  }
+#if VIT_WITH_DNNL
+  thread_local std::vector<int32_t> acc;
+  if (acc.size() < static_cast<size_t>(M * N)) acc.resize(M * N);
+  matmul->run(M, q.data(), acc.data(), nullptr, /*in_parallel_region=*/at::in_parallel_region());
+  for (int64_t r = 0; r < M; ++r) {
+    kernels.int8_dequantize_row(acc.data() + r * N, N, zero_points[r], w.colsum, row_scales[r], w.scale, w.bias,
+                                y + r * ld);
+  }
 #endif
+}
 
 }  // namespace vit

@@ -3,6 +3,7 @@
 #define VIT_ROW_KERNELS_ISA baseline
 #define VIT_VECTOR_FLOATS 4
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "model/row_kernels_impl.h"
@@ -46,6 +47,20 @@ std::vector<RowKernels> available_row_kernels() {
 #endif
   available.push_back(baseline::table("baseline"));
   return available;
+}
+
+void pack_int8_weight(const int8_t* q, int64_t N, int64_t K, int8_t* panels, int32_t* colsum) {
+  const int64_t K4 = int8_k4(K), width = kInt8PanelWidth;
+  std::memset(panels, 0, static_cast<size_t>(int8_panels(N) * K4 * width));
+  for (int64_t n = 0; n < N; ++n) {
+    int8_t* panel = panels + (n / width) * K4 * width;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      panel[(k / 4) * width * 4 + (n % width) * 4 + k % 4] = q[n * K + k];  // (K4 / 4, 16, 4)
+      sum += q[n * K + k];
+    }
+    colsum[n] = sum;
+  }
 }
 
 const RowKernels& row_kernels() {

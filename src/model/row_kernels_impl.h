@@ -86,10 +86,14 @@ VIT_INLINE float sum_lanes(vec x) {
 // The largest of n >= 1 floats (of their magnitudes with Abs), on whole vectors. GCC 12 leaves a float max reduction
 // scalar, even under `omp simd reduction(max)`: a chain of 4-cycle maxss, which was 60% of softmax_rows' time over
 // ViT-Ti's 197 keys. A NaN may hide the other values of its vector lane; a softmax row with one is NaN either way.
-template <bool Abs = false>
+template <bool Abs = false, bool Negated = false>
 VIT_INLINE float max_of(const float* x, int64_t n) {
-  const auto value = [](vec v) { return Abs ? __builtin_bit_cast(vec, __builtin_bit_cast(ivec, v) & 0x7fffffff) : v; };
-  float max = Abs ? std::fabs(x[0]) : x[0];
+  const auto value = [](vec v) {
+    if (Abs) return __builtin_bit_cast(vec, __builtin_bit_cast(ivec, v) & 0x7fffffff);
+    return Negated ? -v : v;
+  };
+  const auto scalar = [](float v) { return Abs ? std::fabs(v) : Negated ? -v : v; };
+  float max = scalar(x[0]);
   int64_t j = 1;
   if (n >= W) {
     vec top = value(loadv(x));
@@ -99,9 +103,11 @@ VIT_INLINE float max_of(const float* x, int64_t n) {
     }
     max = std::max(max, max_lanes(top));
   }
-  for (; j < n; ++j) max = std::max(max, Abs ? std::fabs(x[j]) : x[j]);
+  for (; j < n; ++j) max = std::max(max, scalar(x[j]));
   return max;
 }
+// The largest of -x over n >= 1 floats: minus their smallest.
+VIT_INLINE float max_of_negated(const float* x, int64_t n) { return max_of<false, true>(x, n); }
 
 // exp_nonpositive on a whole vector (the compiler does not vectorize a loop over an array written as vectors).
 VIT_INLINE vec exp_nonpositive(vec x) {
@@ -207,34 +213,6 @@ void rms_norm_backward_row(const float* dout, const float* x, float rstd, const 
 void add_row(const float* src, int64_t n, float* acc) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) acc[j] += src[j];
-}
-
-// Symmetric int8 over one row: scale = max|x| / 127 (1 for an all-zero row), q = round-half-even(x / scale).
-// Rounded by adding and subtracting 1.5 * 2^23 (exact for |v| <= 127 in round-to-nearest-even), which vectorizes
-// where nearbyint does not (GCC 12 also needs the restrict pointers, no simd pragma and no clamp for the stores).
-float quantize_row(const float* x_in, int64_t n, int8_t* q_out) {
-  const float* __restrict x = x_in;
-  int8_t* __restrict q = q_out;
-  const float max_abs = n > 0 ? max_of<true>(x, n) : 0.0f;
-  const float scale = max_abs > 0.0f ? max_abs / 127.0f : 1.0f;
-  const float inverse = 1.0f / scale;
-  // |x| inverse <= 127 up to a rounding of the product, which the rounding to an integer absorbs: no clamp needed.
-  for (int64_t j = 0; j < n; ++j) {
-    const float rounded = (x[j] * inverse + 12582912.0f) - 12582912.0f;
-    q[j] = static_cast<int8_t>(static_cast<int32_t>(rounded));
-  }
-  return scale;
-}
-
-// y = y row_scale + bias over one row (bias null for none), in place.
-void scale_row(float* y, int64_t n, float row_scale, const float* bias) {
-  if (bias != nullptr) {
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) y[j] = y[j] * row_scale + bias[j];
-  } else {
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) y[j] *= row_scale;
-  }
 }
 
 // bfloat16 of n floats, to nearest even: the upper 16 bits after adding 0x7fff plus the lowest bit kept; NaN as
@@ -562,13 +540,19 @@ void short_attention_backward(const float* P, const float* dO, int64_t ld, const
 }
 
 }  // namespace
+}  // namespace vit::VIT_ROW_KERNELS_ISA
+
+#include "model/int8_kernels_impl.h"
+
+namespace vit::VIT_ROW_KERNELS_ISA {
 
 RowKernels table(const char* isa) {
   // clang-format off
   return {isa,           &layer_norm_row,        &layer_norm_backward_row, &rms_norm_row,
           &rms_norm_backward_row, &add_branch_row, &branch_backward_row,   &add_row,
           &softmax_rows, &softmax_backward_rows, &short_attention,         &short_attention_backward,
-          &quantize_row, &scale_row,              &round_bf16_row,          &gelu_with_derivative};
+          &quantize_row, &quantize_row_u8,       &int8_dequantize_row,     &int8_linear,
+          kInt8PairsIn16Bits,                    &round_bf16_row,          &gelu_with_derivative};
   // clang-format on
 }
 
