@@ -200,9 +200,10 @@ bool one_region_applies(const Dims& d, bool training, int64_t threads, int64_t w
 #endif
 }
 
-Plan plan_for(const Dims& d, bool training) {
+// weight_size: bytes per weight, 4 in float32, 1 in int8 (where a thread's copy of a block's weights is a quarter).
+Plan plan_for(const Dims& d, bool training, int64_t weight_size = 4) {
   const int64_t threads = at::get_num_threads();
-  const int64_t weight_bytes = 4 * (4 * d.D * d.D + d.D * (d.fc1 + d.hidden));
+  const int64_t weight_bytes = weight_size * (4 * d.D * d.D + d.D * (d.fc1 + d.hidden));
   const bool small = weight_bytes <= kSmallWeightBytes;
   Plan plan;
   plan.one_region = one_region_applies(d, training, threads, weight_bytes);
@@ -409,7 +410,7 @@ torch::Tensor forward_pass(const torch::Tensor& x, const BlockParameters& p, con
   const auto options = x.options();
   const RowKernels& k = row_kernels();
   const bool training = saved != nullptr;
-  const Plan plan = plan_for(d, training);
+  const Plan plan = plan_for(d, training, p.int8.empty() ? 4 : 1);
   const float eps = static_cast<float>(shape.eps), scale = static_cast<float>(shape.scale);
   const float* keep1 = data_or_null(keep1_tensor);
   const float* keep2 = data_or_null(keep2_tensor);
@@ -991,7 +992,8 @@ torch::Tensor fused_block(const torch::Tensor& x, const BlockParameters& paramet
                           contiguous(parameters.fc1_bias),     contiguous(parameters.fc1v_weight),
                           contiguous(parameters.fc1v_bias),    contiguous(parameters.fc2_weight),
                           contiguous(parameters.fc2_bias),     contiguous(parameters.gamma2),
-                          contiguous(parameters.rope),         parameters.packed};
+                          contiguous(parameters.rope),         parameters.packed,
+                          parameters.int8};
   const std::array<const torch::Tensor*, kParameters> all{
       &p.norm1_weight, &p.norm1_bias,   &p.qkv_weight, &p.qkv_bias,   &p.proj_weight, &p.proj_bias,
       &p.gamma1,       &p.norm2_weight, &p.norm2_bias, &p.fc1_weight, &p.fc1_bias,    &p.fc1v_weight,

@@ -15,12 +15,15 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include <torch/torch.h>
 
 #include "config/model_config.h"
 
 namespace vit {
+
+class PackedLinear;
 
 // Float32 inference's products with their weights packed once for oneDNN's brgemm kernels and the bias added inside
 // the kernel, in place of sgemm on the plain weights after copying the bias into the output rows. A block keeps one
@@ -66,6 +69,10 @@ struct BlockParameters {
   torch::Tensor rope;
   // Where float32 inference keeps its packed weights between calls; null: sgemm on the plain weights.
   std::shared_ptr<PackedProducts> packed;
+  // int8 inference (--precision int8, no gradients): the block's linear layers packed in int8 (model/precision.h),
+  // each found by the float32 weight it was packed from; then every product runs in int8 and the rest of the block
+  // in float32, as the per-operator path does. Empty otherwise.
+  std::vector<std::shared_ptr<PackedLinear>> int8;
 };
 
 struct BlockShape {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/cpu_kernels.h"
+#include "model/precision.h"
 #include "model/row_kernels.h"
 #include "vit/build_config.h"
 #if VIT_WITH_DNNL
@@ -146,6 +147,16 @@ namespace fused {
 Products::Products(const BlockParameters& p, bool bf16, bool packed) {
   const std::array<const torch::Tensor*, 5> weights{&p.qkv_weight, &p.proj_weight, &p.fc1_weight, &p.fc1v_weight,
                                                     &p.fc2_weight};
+  if (!p.int8.empty()) {
+    TORCH_CHECK(!bf16 && !torch::GradMode::is_enabled(), "fused block: int8 products in inference only");
+    for (const auto* weight : weights) {
+      if (weight->numel() == 0) continue;
+      const auto found = std::find_if(p.int8.begin(), p.int8.end(), [&](const auto& layer) { return layer->packs(*weight); });
+      TORCH_CHECK(found != p.int8.end(), "fused block: no int8 layer for a weight ", weight->sizes());
+      int8_.push_back(found->get());
+    }
+    return;
+  }
   if (!bf16) {
 #if VIT_WITH_DNNL
     if (!packed || p.packed == nullptr || !c10::InferenceMode::is_enabled() || !PackedProducts::available()) return;
@@ -191,6 +202,12 @@ void Products::linear_rows(int64_t r0, int64_t r1, const float* in, const torch:
                            const Activation* act) const {
   const int64_t out_features = weight.size(0), in_features = weight.size(1), rows = r1 - r0;
   if (ld == 0) ld = out_features;
+  for (const PackedLinear* layer : int8_) {
+    if (!layer->packs(weight)) continue;
+    TORCH_CHECK(act == nullptr, "fused block: an activation asked of an int8 product");
+    layer->forward_rows(in, rows, out, ld, data_or_null(bias));
+    return;
+  }
 #if VIT_WITH_DNNL
   // Dense output rows only (DnnlMatmul's): a gated MLP's two fc1 products, whose rows are strided, are not packed.
   if (const DnnlMatmul* matmul = packed_matmul(weight)) {

@@ -17,6 +17,7 @@
 namespace vit {
 
 class DnnlMatmul;
+class PackedLinear;
 
 namespace fused {
 
@@ -26,7 +27,8 @@ inline const float* data_or_null(const torch::Tensor& t) {
 }
 inline float* data_or_null(torch::Tensor& t) { return t.defined() && t.numel() > 0 ? t.data_ptr<float>() : nullptr; }
 
-// How a pass runs its linear layers' products: float32 sgemm, or oneDNN's brgemm kernel with the bias inside it for a
+// How a pass runs its linear layers' products: in int8 where BlockParameters::int8 holds the block's layers (int8
+// inference; PackedLinear::forward_rows on the calling thread's rows); float32 sgemm, or oneDNN's brgemm kernel with the bias inside it for a
 // product of at most 256 inner values (gemm_f32, where the CPU has it); in inference, where BlockParameters::packed is
 // set and PackedProducts::available(), oneDNN's float32 matmul on the packed weights; or, with BlockShape::bf16, in
 // bfloat16 through gemm_bf16 (model/dnnl_matmul.h): each weight rounded once per pass, each input as a product reads
@@ -40,8 +42,11 @@ class Products {
 
   bool bf16() const { return !rounded_.empty(); }
 
-  // Whether weight's products run on its packed copy, where linear_rows can apply the activation in the kernel.
+  // Whether weight's products run on its packed float32 copy, where linear_rows can apply the activation in the
+  // kernel.
   bool packed(const torch::Tensor& weight) const;
+  // Whether the pass's products run in int8 (BlockParameters::int8).
+  bool int8() const { return !int8_.empty(); }
 
   // A whole-batch buffer for rounded rows (rows, width) where products run in bfloat16 and the pass keeps what they
   // read (training); undefined otherwise.
@@ -78,6 +83,7 @@ class Products {
 
   std::vector<std::pair<const float*, torch::Tensor>> rounded_;     // (float32 data, its bfloat16 copy)
   std::vector<std::pair<const float*, const DnnlMatmul*>> packed_;  // (float32 data, its packed matmul)
+  std::vector<const PackedLinear*> int8_;                            // each weight's int8 layer (int8 inference)
 };
 
 }  // namespace fused

@@ -415,6 +415,17 @@ BlockParameters BlockImpl::fused_parameters(const torch::Tensor& rope) const {
   return p;
 }
 
+std::vector<std::shared_ptr<PackedLinear>> BlockImpl::int8_layers() const {
+  if (torch::GradMode::is_enabled() || mlp->kind == MlpKind::swiglu_packed) return {};
+  std::vector<std::shared_ptr<PackedLinear>> layers;
+  for (const Linear& layer : {attn->qkv, attn->proj, mlp->fc1, mlp->fc1_g, mlp->fc1_x, mlp->fc2}) {
+    if (!layer) continue;
+    if (!layer->packed || layer->packed->precision() != Precision::int8) return {};
+    layers.push_back(layer->packed);
+  }
+  return layers;
+}
+
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> grid, const torch::Tensor& mask,
                                  torch::Tensor* probs_out, const torch::Tensor& rope) {
   // The fused CPU block where nothing asks for what it does not compute (probabilities, masks, head ablation, another
@@ -425,8 +436,11 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, std::array<int64_t, 2> 
     if (refusal.empty() && rope.defined() && rope.requires_grad()) {
       refusal = "rope_type mixed with gradients (learned rope.freqs)";
     }
-    if (refusal.empty() && !attn->qkv->packed) {
-      const BlockParameters parameters = fused_parameters(rope);
+    // Packed layers: int8 ones run inside the fused block (without gradients); bf16 ones operator by operator.
+    std::vector<std::shared_ptr<PackedLinear>> int8 = int8_layers();
+    if (refusal.empty() && (!attn->qkv->packed || !int8.empty())) {
+      BlockParameters parameters = fused_parameters(rope);
+      parameters.int8 = std::move(int8);
       if (fused_block_applies(x, parameters)) {
         const int64_t B = x.size(0);
         // Drawn in the order the per-operator path draws them (after attention, after the MLP): same seed, same drops.

@@ -175,6 +175,9 @@ struct BlockImpl : torch::nn::Module {
   std::string fused_refusal() const;
   // This block's weights as the fused block reads them (model/fused_block.h), rope its rotary table.
   BlockParameters fused_parameters(const torch::Tensor& rope) const;
+  // Its linear layers packed in int8 where every one is and no gradient is recorded (BlockParameters::int8), for the
+  // fused block; empty otherwise, and for a packed SwiGLU fc1 (whose halves the fused block multiplies apart).
+  std::vector<std::shared_ptr<PackedLinear>> int8_layers() const;
 
   Norm norm1{nullptr}, norm2{nullptr};
   Attention attn{nullptr};
