@@ -1,5 +1,6 @@
 // `vit info`: the resolved config, parameter count, forward GMACs per image and a per-layer table
-// (io/model_info.h gathers them; this file prints them).
+// (io/model_info.h gathers them; this file prints them); `vit info --system`: this machine and the paths vit takes on
+// it (model/system_info.h).
 #include <cstdio>
 #include <iostream>
 
@@ -8,6 +9,8 @@
 #include "commands.h"
 #include "common.h"
 #include "io/model_info.h"
+#include "model/system_info.h"
+#include "util/runtime.h"
 
 namespace vit::app {
 namespace {
@@ -17,11 +20,18 @@ struct InfoOptions {
   ConfigArgs config;
   bool json = false;
   bool presets = false;
+  bool system = false;
   std::string img_size;  // --img-size: tokens and MACs at this input size
   std::string precision;  // --precision: the memory the weights take in it ("" = the model file's own)
 };
 
 int run_info(const InfoOptions& options) {
+  if (options.system) {
+    configure_threads(0);  // the commands' default: every core
+    const auto system = describe_system();
+    std::cout << (options.json ? to_json(system).dump(2) + "\n" : to_text(system));
+    return kOk;
+  }
   if (options.presets) {
     for (const auto& name : preset_names()) std::cout << name << "\n";
     return kOk;
@@ -88,6 +98,9 @@ void setup_info(CLI::App& app, int& status) {
   command->add_option("--img-size", options->img_size,
                       "show tokens, output shapes and GMACs at this input size: N or HxW (default: the model's own)");
   add_precision_option(command, options->precision);
+  command->add_flag("--system", options->system,
+                    "describe this machine instead: CPU, the instruction sets vit and oneDNN use on it, which "
+                    "precisions run and how, threads, library versions, CUDA devices (what a bug report needs)");
   command->add_flag("--presets", options->presets,
                     "list the model presets (timm's architecture names that vit builds) and exit");
   command->callback([options, &status] { status = run_info(*options); });

@@ -3,11 +3,14 @@
 
 #include <cstdio>
 
+#include "model/system_info.h"
 #include "util/runtime.h"
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   vit::configure_threads(0);
+  // The CPU paths this process takes (the instruction-set matrix runs the kernel tests capped: tests/CMakeLists.txt).
+  std::printf("vit-test: paths %s\n", vit::cpu_paths_line().c_str());
   const int status = RUN_ALL_TESTS();
   // ctest runs the fast cases of a test file in one process (tests/ctest_cases.cmake): it reports the group skipped only
   // when this line says that no case ran to a pass or a failure.
