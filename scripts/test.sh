@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# README's test command: set-up, build, then every test through ctest. VIT_LIBTORCH=pip runs the same suite against
-# PyTorch 2.x's LibTorch (build-pip/); CI (.ci/run) runs both.
+# README's test command: set-up, build, then every test through ctest, then the torch-free units cross-built for
+# 64-bit Arm and tested under qemu (scripts/cross-aarch64.sh). VIT_LIBTORCH=pip runs the same suite against PyTorch
+# 2.x's LibTorch (build-pip/), without the Arm part; CI (.ci/run) runs both.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 start=$SECONDS
@@ -16,3 +17,6 @@ ctest --output-on-failure -j "$(nproc)"
 echo "test: set-up ${setup_s} s, build ${build_s} s, ctest $((SECONDS - start - setup_s - build_s)) s"
 # The suite's one reference run says how many Python processes it started (tests/reference_run.sh).
 grep -h "Python processes" tests/references/log.txt 2>/dev/null || true
+# The CPU paths each process took: the machine's own, and the capped runs' (tests/CMakeLists.txt, isa_*).
+grep -ho "vit-test: paths .*" Testing/Temporary/LastTest.log 2>/dev/null | sort | uniq -c || true
+if [[ "${VIT_LIBTORCH:-debian}" != pip ]]; then "$root/scripts/cross-aarch64.sh"; fi
