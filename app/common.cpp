@@ -168,7 +168,7 @@ void apply_precision(LoadedModel& model, const std::string& precision) {
   model.net->set_precision(chosen);
   if (chosen == Precision::fp32) return;
   const double after = static_cast<double>(model.net->weight_bytes()) / (1024.0 * 1024.0);
-  const std::string how = model.net->device().is_cpu() ? cpu_precision_features() : "CUDA autocast";
+  const std::string how = model.net->device().is_cpu() ? precision_kernel(chosen) : "CUDA autocast";
   char line[256];
   std::snprintf(line, sizeof line, "precision %s (%s): weights %.1f MiB -> %.1f MiB", name_of(chosen), how.c_str(),
                 before, after);
