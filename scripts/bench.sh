@@ -65,7 +65,7 @@ case $isa in
   *) echo "--isa $isa is not one of: avx2, baseline" >&2; exit 2 ;;
 esac
 # Every number below belongs to this CPU and these paths.
-echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -n 1); ${isa:+capped at $isa (onnxruntime not capped); }vit: $("$vit" info --system --json | "${VIT_VENV:-$root/.venv}/bin/python" -c 'import json, sys; s = json.load(sys.stdin); print(s["vit_kernels"], "|", "oneDNN", s["onednn"], "|", "LibTorch", s["libtorch"], "|", "int8:", s["precisions"]["int8"])' 2>/dev/null || echo "see vit info --system")"
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -n 1) (family $(lscpu | sed -n 's/^CPU family: *//p' | head -n 1), model $(lscpu | sed -n 's/^Model: *//p' | head -n 1)); ${isa:+capped at $isa (onnxruntime not capped); }vit: $("$vit" info --system --json | "${VIT_VENV:-$root/.venv}/bin/python" -c 'import json, sys; s = json.load(sys.stdin); print(s["vit_kernels"], "|", "oneDNN", s["onednn"], "|", "LibTorch", s["libtorch"], "|", "int8:", s["precisions"]["int8"])' 2>/dev/null || echo "see vit info --system")"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -172,7 +172,9 @@ save_timm_file(sys.argv[2], sys.argv[3])' "$root/scripts" "$work/$config.safeten
 # onnxruntime's side is its own quantize_dynamic (int8 weights per channel, uint8 activations per tensor) of our
 # float32 export, the int8 a user of onnxruntime would reach for. Batch 1: latency p50; batch 32: img/s.
 bench_precision() {
-  local results=$work/precision.jsonl models=(vit_small vit_base) steps=15 batch_steps=3
+  local results=$work/precision.jsonl models=(vit_small vit_base) steps=15 batch_steps=3 bf16=bf16
+  # bf16 where this CPU (or cap) runs it; its columns say "-" elsewhere.
+  "$vit" info --system | grep -q "^precision    bf16: oneDNN" || bf16=
   [ $quick = 1 ] && models=(vit_tiny) steps=3 batch_steps=1
   for config in "${models[@]}"; do
     [ -f "$work/$config.onnx" ] || export_onnx "$config"
@@ -183,7 +185,7 @@ quantize_dynamic(sys.argv[1], sys.argv[2], weight_type=QuantType.QInt8, per_chan
                  reduce_range=sys.argv[3] == "avx2")' \
       "$work/$config.onnx" "$work/$config.int8.onnx" "$isa" 2>/dev/null
     for ((r = 1; r <= repeats; r++)); do
-      for side in fp32 int8 bf16 onnxruntime onnxruntime-int8; do
+      for side in fp32 int8 $bf16 onnxruntime onnxruntime-int8; do
         echo "[$config precision] $side run $r/$repeats" >&2
         case $side in
           onnxruntime) out=$("$venv_python" "$root/scripts/bench_onnxruntime.py" --model "$work/$config.onnx" \
@@ -216,14 +218,17 @@ print("|---" * 12 + "|")
 goals = []
 for model in dict.fromkeys(r["model"] for r in rows):
     med = lambda side, key: statistics.median(r["result"][key] for r in rows if (r["model"], r["side"]) == (model, side))
-    lat = {s: med(s, "latency_ms_p50") for s in ("fp32", "int8", "bf16", "onnxruntime", "onnxruntime-int8")}
-    ips = {s: med(s + " b32", "infer_img_per_s") for s in ("fp32", "int8", "bf16")}
-    mib = {s: med(s, "weight_mb") for s in ("fp32", "int8", "bf16")}
+    ran = {r["side"] for r in rows if r["model"] == model}
+    lat = {s: med(s, "latency_ms_p50") for s in ("fp32", "int8", "bf16", "onnxruntime", "onnxruntime-int8") if s in ran}
+    ips = {s: med(s + " b32", "infer_img_per_s") for s in ("fp32", "int8", "bf16") if s in ran}
+    mib = {s: med(s, "weight_mb") for s in ("fp32", "int8", "bf16") if s in ran}
     r1, r2, r3 = lat["int8"] / lat["fp32"], lat["int8"] / lat["onnxruntime-int8"], ips["int8"] / ips["fp32"]
-    print(f"| {model} | {lat['fp32']:.1f} | {lat['int8']:.1f} | {lat['bf16']:.1f} | {lat['onnxruntime']:.1f} | "
-          f"{lat['onnxruntime-int8']:.1f} | {r1:.2f}x | {r2:.2f}x | {lat['bf16'] / lat['fp32']:.2f}x | "
-          f"{ips['fp32']:.1f}, {ips['int8']:.1f}, {ips['bf16']:.1f} | {r3:.2f}x | "
-          f"{mib['fp32']:.0f}, {mib['int8']:.0f}, {mib['bf16']:.0f} |")
+    f = lambda table, side, form="{:.1f}": form.format(table[side]) if side in table else "-"  # bf16 may not run
+    bf16_ratio = f"{lat['bf16'] / lat['fp32']:.2f}x" if "bf16" in lat else "-"
+    print(f"| {model} | {lat['fp32']:.1f} | {lat['int8']:.1f} | {f(lat, 'bf16')} | {lat['onnxruntime']:.1f} | "
+          f"{lat['onnxruntime-int8']:.1f} | {r1:.2f}x | {r2:.2f}x | {bf16_ratio} | "
+          f"{ips['fp32']:.1f}, {ips['int8']:.1f}, {f(ips, 'bf16')} | {r3:.2f}x | "
+          f"{mib['fp32']:.0f}, {mib['int8']:.0f}, {f(mib, 'bf16', '{:.0f}')} |")
     goals += [f"{model}: int8 / fp32 batch-1 latency <= {goal_fp32}x: {r1:.2f}x, " + ("met" if r1 <= goal_fp32 else "NOT met"),
               f"{model}: int8 / onnxruntime int8 latency <= {goal_ort}x: {r2:.2f}x, " + ("met" if r2 <= goal_ort else "NOT met"),
               f"{model}: int8 / fp32 batch-32 img/s >= 1.8x: {r3:.2f}x, " + ("met" if r3 >= 1.8 else "NOT met")]

@@ -1,31 +1,14 @@
 #!/usr/bin/env bash
 # The units of src/ that need no LibTorch (row kernels, AdamW's update, ...), cross-built for 64-bit Arm with Debian's
 # g++-aarch64-linux-gnu into build-aarch64/ (tests/portable/), and their test run under qemu-aarch64 (qemu-user).
-# Installs the cross compiler and qemu when missing. VIT_PORTABLE_NATIVE=1 also runs the same test built for this
-# machine (build-portable/). Extra arguments go to the test (e.g. --gtest_filter=*Softmax*).
+# Installs the cross compiler and qemu when missing (scripts/setup.sh). VIT_PORTABLE_NATIVE=1 also runs the same test
+# built for this machine (build-portable/). Extra arguments go to the test (e.g. --gtest_filter=*Softmax*).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 start=$SECONDS
 
-# Set-up: Debian 12's packages only, as scripts/setup.sh installs them (only what is missing; root or sudo).
-packages=(cmake ninja-build g++-aarch64-linux-gnu qemu-user googletest nlohmann-json3-dev)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]} == 0)); then
-  echo "cross-aarch64: all packages present"
-else
-  sudo=()
-  if [[ $(id -u) -ne 0 ]]; then
-    command -v sudo >/dev/null || { echo "cross-aarch64: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-    sudo=(sudo)
-  fi
-  echo "cross-aarch64: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -q
-  "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+# Set-up: Debian 12's packages, only what is missing (scripts/setup.sh, with the cross compiler and qemu).
+VIT_SETUP_CROSS=1 "$root/scripts/setup.sh"
 setup_s=$((SECONDS - start))
 
 # Build: the units and their test in one aarch64 binary, GoogleTest compiled for it from /usr/src/googletest.

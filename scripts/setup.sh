@@ -42,6 +42,11 @@ fi
 if [[ "${VIT_SETUP_SANITIZE:-0}" == 1 ]]; then
   packages+=(clang libclang-rt-14-dev llvm-14)
 fi
+# The torch-free units cross-built for 64-bit Arm and tested under qemu (scripts/cross-aarch64.sh): Debian's cross
+# compiler and qemu's user-mode emulation (GoogleTest is built from the googletest package's sources).
+if [[ "${VIT_SETUP_CROSS:-0}" == 1 ]]; then
+  packages+=(g++-aarch64-linux-gnu qemu-user)
+fi
 # The reference libraries the interoperability tests compare with, at the versions they were checked against.
 reference_packages=(timm==1.0.31 transformers==5.24.0 safetensors==0.8.0 onnx==1.23.2 onnxruntime==1.32.0
                     numpy==2.4.6 pillow==13.0.0)
