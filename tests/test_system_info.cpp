@@ -85,7 +85,9 @@ TEST(SystemInfo, DescribesThisMachineAndTheCapsTakeEffect) {
     EXPECT_FALSE(dnnl_has_bf16());
     EXPECT_FALSE(precision_refusal(Precision::bf16, torch::kCPU).empty());
   }
-  if (isa_rank(isa) >= isa_rank("avx512_core_vnni")) EXPECT_TRUE(int8_path().onednn) << isa;
+  if (isa_rank(isa) >= isa_rank("avx512_core_vnni")) {
+    EXPECT_TRUE(int8_path().onednn) << isa;
+  }
 #endif
   std::printf("paths: %s\n", cpu_paths_line().c_str());
 }

@@ -871,7 +871,8 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
     // clang-format off
     const BlockParameters p{norm1_weight, norm1_bias,  qkv_weight,  qkv_bias,   proj_weight, proj_bias,
                             gamma1,       norm2_weight, norm2_bias, fc1_weight, fc1_bias,    fc1v_weight,
-                            fc1v_bias,    fc2_weight,   fc2_bias,   gamma2,     rope,       nullptr};
+                            fc1v_bias,    fc2_weight,   fc2_bias,   gamma2,     rope,       nullptr,
+                            {}};  // training: no int8
     // clang-format on
     const BlockShape shape{heads,  scale,       eps, static_cast<Activation>(act), static_cast<NormLayer>(norm),
                            prefix, rotate_half, bf16};
@@ -901,7 +902,7 @@ struct BlockFunction : torch::autograd::Function<BlockFunction> {
     const auto v = ctx->get_saved_variables();
     const auto& x = v[0];
     BlockParameters p{v[1],  v[2],  v[3],  v[4],  v[5],  v[6],  v[7],  v[8],  v[9],
-                      v[10], v[11], v[12], v[13], v[14], v[15], v[16], v[17], nullptr};
+                      v[10], v[11], v[12], v[13], v[14], v[15], v[16], v[17], nullptr, {}};
     // Saved variables lose requires_grad; weight_grad asks it, so hand over what autograd needs instead.
     auto needs = [&](int index, torch::Tensor& t) { t = t.detach().requires_grad_(ctx->needs_input_grad(index)); };
     needs(3, p.qkv_weight), needs(5, p.proj_weight), needs(10, p.fc1_weight), needs(12, p.fc1v_weight),

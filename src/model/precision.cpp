@@ -186,15 +186,16 @@ PackedLinear::PackedLinear(const torch::Tensor& weight, const torch::Tensor& bia
   }
   const auto& path = int8_path();
   std::tie(s.weight, s.scales) = quantize_weight_int8(weight, path.weight_max);
+#if VIT_WITH_DNNL
+  if (path.onednn) {  // oneDNN keeps the weight in its own layout
+    s.matmul = std::make_unique<DnnlMatmul>(MatmulType::int8, s.N, s.K, s.weight.data_ptr());
+    s.colsum = s.weight.sum(/*dim=*/1).to(torch::kInt);
+    return;
+  }
+#endif
   s.colsum = torch::empty({s.N}, torch::kInt);
   s.panels = torch::empty({int8_panels(s.N) * int8_k4(s.K) * kInt8PanelWidth}, torch::kChar);
   pack_int8_weight(s.weight.data_ptr<int8_t>(), s.N, s.K, s.panels.data_ptr<int8_t>(), s.colsum.data_ptr<int32_t>());
-#if VIT_WITH_DNNL
-  if (path.onednn) {
-    s.matmul = std::make_unique<DnnlMatmul>(MatmulType::int8, s.N, s.K, s.weight.data_ptr());
-    s.panels = torch::Tensor();  // oneDNN keeps its own layout
-  }
-#endif
 }
 
 PackedLinear::~PackedLinear() = default;
