@@ -267,7 +267,7 @@ void softmax_backward_rows(const float* p, float* dp, int64_t rows, int64_t cols
 // Phi(x) and x phi(x) (the standard normal's CDF and density, times x) from one exp: Phi(x) = (1 + erf(x / sqrt 2)) / 2
 // with erf(z) = 1 - t P(t) e^-z^2, t = 1 / (1 + p |z|) (Abramowitz and Stegun 7.1.26, absolute error 1.5e-7, the form
 // oneDNN's gelu_erf uses). Below zero Phi is the half tail t P(t) e^-z^2 / 2 itself, not 1 minus its complement, so it
-// does not round to zero far out as 1 + erf does (within 3% of it down to -12). And e^-z^2 = e^(-x^2 / 2) is
+// does not round to zero far out as 1 + erf does (within 3.1% of it down to -12). And e^-z^2 = e^(-x^2 / 2) is
 // sqrt(2 pi) phi(x).
 VIT_INLINE void normal_cdf_and_density(vec x, vec& cdf, vec& x_density) {
   const vec z2 = x * x * -0.5f;  // -z^2 with z = x / sqrt 2
